@@ -1,0 +1,3 @@
+from sandboxrun.cli import app
+
+app(prog_name="sandboxrun")

@@ -1,0 +1,370 @@
+"""The per-sandbox runner of the process-group backend (stdlib only; run as a script).
+
+The host program must not become a child subreaper itself: its unrelated orphans would
+re-parent to it and have to be reaped there. So each process-group ``Sandbox`` starts this small
+runner, which is the subreaper instead. It spawns every command of the sandbox (in a new session),
+owns the run's process tree (orphans that double-fork or ``setsid`` re-parent to it), reaps
+everything, and kills on request: TERM (+CONT) to the group and every descendant, a grace period,
+then KILL repeated until nothing of the run is alive. When the host disappears (its socket end
+closes), the runner terminates every run and exits, so nothing is left behind even if the host
+is SIGKILLed.
+
+Protocol: a stream socket; every message is a 4-byte big-endian length and a JSON object. The
+host attaches the child's stdin/stdout/stderr to ``spawn`` with SCM_RIGHTS (in order).
+
+host -> runner: ``spawn {id, argv, env, cwd, grace}`` + 3 fds, ``terminate {id, grace}``,
+``shutdown {}``.  runner -> host: ``ready {pid}``, ``spawned {id, pid}``, ``spawn_error {id,
+errno, error}``, ``exit {id, status}``, ``terminated {id, survivors, cpu_s, maxrss_kb}``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+PR_SET_CHILD_SUBREAPER = 36
+HEADER = struct.Struct("!I")
+MARKER = b"SANDBOXRUN_RUN_ID="
+TICK_S = 0.02
+REFRESH_S = 0.5
+KILL_BUDGET_S = 5.0
+
+
+def read_stat(pid: int) -> tuple[int, bytes, int] | None:
+    """``(ppid, state, starttime)`` of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def process_table() -> dict[int, tuple[int, bytes, int]]:
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = read_stat(int(name))
+            if stat is not None:
+                table[int(name)] = stat
+    return table
+
+
+def run_marker(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(MARKER):
+                    return item[len(MARKER) :].decode(errors="replace")
+    except OSError:
+        pass
+    return None
+
+
+class Run:
+    def __init__(self, run_id: str, proc: subprocess.Popen[bytes], grace: float) -> None:
+        self.id = run_id
+        self.proc = proc
+        self.pid = proc.pid
+        self.grace = grace
+        self.status: int | None = None
+        self.members: dict[int, int] = {}  # pid -> starttime, last seen alive
+        self.cpu_s = 0.0
+        self.maxrss_kb = 0
+        self.phase: str | None = None  # None, "term", "kill"
+        self.deadline = 0.0
+        self.signalled: set[tuple[int, int]] = set()
+        self.empty_sweeps = 0
+
+    def account(self, rusage: Any) -> None:
+        self.cpu_s += rusage.ru_utime + rusage.ru_stime
+        self.maxrss_kb = max(self.maxrss_kb, rusage.ru_maxrss)
+
+
+class Runner:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.me = os.getpid()
+        self.runs: dict[str, Run] = {}
+        self.mains: dict[int, Run] = {}
+        self.orphans: dict[tuple[int, int], list[str]] = {}
+        self.fds: list[int] = []
+        self.inbuf = b""
+        self.closing = False
+        self.last_refresh = 0.0
+
+    # -- messages ---------------------------------------------------------------------------
+    def send(self, **msg: Any) -> None:
+        data = json.dumps(msg).encode()
+        try:
+            self.sock.sendall(HEADER.pack(len(data)) + data)
+        except OSError:
+            self.closing = True
+
+    def receive(self) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 16)
+        except OSError:
+            data, fds = b"", []
+        self.fds.extend(fds)
+        if not data:
+            self.begin_close()
+            return
+        self.inbuf += data
+        while len(self.inbuf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self.inbuf)
+            if len(self.inbuf) < HEADER.size + size:
+                break
+            msg = json.loads(self.inbuf[HEADER.size : HEADER.size + size])
+            self.inbuf = self.inbuf[HEADER.size + size :]
+            self.handle(msg)
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "spawn":
+            self.spawn(msg)
+        elif op == "terminate":
+            run = self.runs.get(msg["id"])
+            if run is not None:
+                self.start_termination(run, float(msg["grace"]))
+        elif op == "shutdown":
+            self.begin_close()
+
+    def begin_close(self) -> None:
+        self.closing = True
+        for run in self.runs.values():
+            self.start_termination(run, run.grace)
+
+    # -- spawning and reaping ---------------------------------------------------------------
+    def spawn(self, msg: dict[str, Any]) -> None:
+        stdio, self.fds = self.fds[:3], self.fds[3:]
+        try:
+            proc = subprocess.Popen(
+                msg["argv"],
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
+                env=msg["env"],
+                cwd=msg["cwd"],
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            self.send(op="spawn_error", id=msg["id"], errno=exc.errno or 0, error=str(exc))
+            return
+        finally:
+            for fd in stdio:
+                os.close(fd)
+        run = Run(msg["id"], proc, float(msg["grace"]))
+        self.runs[run.id] = run
+        self.mains[run.pid] = run
+        self.send(op="spawned", id=run.id, pid=run.pid)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status, rusage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            run = self.mains.pop(pid, None)
+            if run is not None:
+                run.status = status
+                run.proc.returncode = os.waitstatus_to_exitcode(status)
+                run.account(rusage)
+                if self.has_children():
+                    self.send(op="exit", id=run.id, status=status)
+                else:  # nothing else of any run is alive: this run is over
+                    self.finish(run, 0)
+                continue
+            for key, owners in list(self.orphans.items()):
+                if key[0] == pid:
+                    del self.orphans[key]
+                    owner = self.runs.get(owners[0])
+                    if owner is not None:
+                        owner.account(rusage)
+
+    # -- tracking ---------------------------------------------------------------------------
+    def has_children(self) -> bool:
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return True
+
+    def refresh(self) -> dict[str, dict[int, int]]:
+        """Walk /proc: the live members of every run, attributing the runner's orphans."""
+        table = process_table()
+        kids: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            kids.setdefault(ppid, []).append(pid)
+        active = list(self.runs.values())
+        roots: dict[str, list[int]] = {r.id: [] for r in active}
+        for run in active:
+            if run.status is None:
+                roots[run.id].append(run.pid)
+        previous, self.orphans = self.orphans, {}
+        for pid in kids.get(self.me, []):
+            if pid in self.mains:
+                continue
+            key = (pid, table[pid][2])
+            owners = previous.get(key) or self.attribute(pid, key[1], active)
+            self.orphans[key] = owners
+            for owner in owners:
+                roots.setdefault(owner, []).append(pid)
+        found: dict[str, dict[int, int]] = {}
+        for run_id, starts in roots.items():
+            members: dict[int, int] = {}
+            stack = list(starts)
+            while stack:
+                pid = stack.pop()
+                stat = table.get(pid)
+                if stat is None or pid in members:
+                    continue
+                if stat[1] not in (b"Z", b"X"):
+                    members[pid] = stat[2]
+                stack.extend(kids.get(pid, []))
+            found[run_id] = members
+            run = self.runs.get(run_id)
+            if run is not None:
+                run.members = members
+        return found
+
+    def attribute(self, pid: int, start: int, active: list[Run]) -> list[str]:
+        for run in active:
+            if run.members.get(pid) == start:
+                return [run.id]
+        marker = run_marker(pid)
+        if marker is not None and marker in self.runs:
+            return [marker]
+        return [r.id for r in active] or ["<none>"]
+
+    # -- termination ------------------------------------------------------------------------
+    def start_termination(self, run: Run, grace: float) -> None:
+        if run.phase is not None:
+            return
+        if run.status is not None and not self.has_children():
+            self.finish(run, 0)
+            return
+        run.phase = "term" if grace > 0 else "kill"
+        run.deadline = time.monotonic() + (grace if grace > 0 else KILL_BUDGET_S)
+        self.step(run, self.refresh().get(run.id, {}))
+
+    def signal_members(self, run: Run, members: dict[int, int], sig: int) -> None:
+        if run.status is None:
+            try:
+                os.killpg(run.pid, sig)
+            except OSError:
+                pass
+        for pid, start in members.items():
+            if sig == signal.SIGKILL or (pid, start) not in run.signalled:
+                run.signalled.add((pid, start))
+                try:
+                    os.kill(pid, sig)
+                    if sig == signal.SIGTERM:
+                        os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+
+    def step(self, run: Run, members: dict[int, int]) -> None:
+        now = time.monotonic()
+        if not members:
+            run.empty_sweeps += 1
+            if run.status is not None and run.empty_sweeps >= 2:
+                self.finish(run, 0)
+            return
+        run.empty_sweeps = 0
+        if run.phase == "term" and now >= run.deadline:
+            run.phase, run.deadline = "kill", now + KILL_BUDGET_S
+        if run.phase == "term":
+            self.signal_members(run, members, signal.SIGTERM)
+        elif now >= run.deadline:
+            self.finish(run, len(members))
+        else:
+            self.signal_members(run, members, signal.SIGKILL)
+
+    def finish(self, run: Run, survivors: int) -> None:
+        del self.runs[run.id]
+        self.mains.pop(run.pid, None)
+        self.send(
+            op="terminated",
+            id=run.id,
+            survivors=survivors,
+            cpu_s=run.cpu_s,
+            maxrss_kb=run.maxrss_kb,
+            status=run.status,
+        )
+
+    def tick(self) -> None:
+        terminating = [r for r in self.runs.values() if r.phase is not None]
+        now = time.monotonic()
+        if terminating or (self.runs and now - self.last_refresh >= REFRESH_S):
+            self.last_refresh = now
+            found = self.refresh()
+            for run in terminating:
+                if run.id in self.runs:
+                    self.step(run, found.get(run.id, {}))
+            self.kill_strays()
+
+    def kill_strays(self) -> None:
+        """The runner's children all belong to runs; one that belongs to none is killed."""
+        for (pid, _start), owners in self.orphans.items():
+            if not any(owner in self.runs for owner in owners):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    # -- main loop --------------------------------------------------------------------------
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(wake_r, selectors.EVENT_READ)
+        self.send(op="ready", pid=self.me)
+        listening = True
+        while not (self.closing and not self.runs):
+            busy = any(r.phase is not None for r in self.runs.values())
+            timeout = TICK_S if busy else (REFRESH_S if self.runs else None)
+            for key, _ in sel.select(timeout):
+                if key.fileobj is self.sock:
+                    self.receive()
+                elif key.fileobj == wake_r:
+                    while True:
+                        try:
+                            if not os.read(wake_r, 4096):
+                                break
+                        except BlockingIOError:
+                            break
+            if self.closing and listening:
+                sel.unregister(self.sock)
+                listening = False
+            self.reap()
+            self.tick()
+        self.reap()
+
+
+def main() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        sys.stderr.write(f"sandboxrun runner: prctl failed: {os.strerror(ctypes.get_errno())}\n")
+        sys.exit(3)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    Runner(sock).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Backends: the ``Backend`` contract, the registry, and the probe + fallback chain.
+
+``auto`` probes docker -> systemd-scope -> process-group and takes the first available one,
+recording why the better ones were not used. An explicitly named backend never falls back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from anyio.abc import TaskGroup
+
+from sandboxrun.errors import ConfigError, SandboxUnavailableError
+from sandboxrun.models import BackendName, ExecResult
+from sandboxrun.process import RunFacts
+from sandboxrun.spec import ExecRequest
+
+log = logging.getLogger("sandboxrun")
+
+ORDER: tuple[BackendName, ...] = ("docker", "systemd-scope", "process-group")
+
+
+@dataclass(frozen=True)
+class Probe:
+    backend: BackendName
+    available: bool
+    reason: str | None
+    """Why it is unavailable (None when available)."""
+    isolation: tuple[str, ...]
+    """The guarantees this backend can give, by ``ExecResult.isolation`` names."""
+
+
+class Backend(Protocol):
+    """One way to run commands. Opened once per ``Sandbox``, then many ``exec`` calls."""
+
+    name: BackendName
+
+    async def open(self, tg: TaskGroup) -> None:
+        """Acquire what the backend needs; ``tg`` lives until after ``close``."""
+
+    def command(self, request: ExecRequest) -> list[str]:
+        """The exact argv this backend would spawn for ``request`` (``--dry-run``)."""
+
+    def isolation(self, request: ExecRequest) -> list[str]:
+        """The guarantees that would really be enforced for ``request``."""
+
+    async def exec(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        """Run one command to its end and return its result. A non-zero exit is data. When the
+        caller's scope was cancelled, cleanup is done first and the cancellation exception is
+        returned beside the (``cancelled``) result for the caller to re-raise."""
+
+    async def close(self) -> None:
+        """Release everything; bounded, safe to call twice."""
+
+
+def probe(name: BackendName) -> Probe:
+    if name == "process-group":
+        from sandboxrun.backends.pgroup import probe_pgroup
+
+        return probe_pgroup()
+    if name == "docker":
+        return Probe("docker", False, "the docker backend is not implemented yet (issue #3)", ())
+    return Probe(
+        "systemd-scope", False, "the systemd-scope backend is not implemented yet (issue #4)", ()
+    )
+
+
+def create(name: BackendName) -> Backend:
+    if name == "process-group":
+        from sandboxrun.backends.pgroup import ProcessGroupBackend
+
+        return ProcessGroupBackend()
+    raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
+
+
+def check_name(requested: str) -> BackendName:
+    for name in ORDER:
+        if name == requested:
+            return name
+    raise ConfigError(f"unknown backend {requested!r}: expected auto, {', '.join(ORDER)}")
+
+
+def select(requested: str) -> tuple[Backend, str | None]:
+    """The backend to use and, under ``auto``, why better ones were skipped (else None)."""
+    if requested != "auto":
+        name = check_name(requested)
+        result = probe(name)
+        if not result.available:
+            raise SandboxUnavailableError(name, result.reason or "unavailable")
+        return create(name), None
+    skipped: list[str] = []
+    for name in ORDER:
+        result = probe(name)
+        if result.available:
+            reason = "; ".join(skipped) or None
+            if reason:
+                log.warning("sandboxrun: falling back to %s: %s", name, reason)
+            return create(name), reason
+        skipped.append(f"{name}: {result.reason}")
+    raise SandboxUnavailableError("auto", "; ".join(skipped))

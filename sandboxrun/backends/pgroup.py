@@ -1,0 +1,298 @@
+"""The process-group backend: the local fallback that always works.
+
+Commands run in a new session under a private runner process (``sandboxrun/_runner.py``) that
+is a child subreaper: descendants that double-fork or ``setsid`` re-parent to it and stay
+visible, and termination sweeps the whole tree. It gives ``own-session`` and
+``descendant-sweep``; it cannot confine the filesystem, the network or resources.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import sys
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import anyio
+import psutil
+from anyio.abc import TaskGroup
+
+from sandboxrun.argv import PATH_PREPEND_VAR, join_path_prepend, shell_argv
+from sandboxrun.backends import Probe
+from sandboxrun.capture import StreamCapture
+from sandboxrun.errors import BackendError
+from sandboxrun.models import BackendName, ExecResult
+from sandboxrun.process import RunFacts, Termination, build_result, finish_result, supervise
+from sandboxrun.runner_client import Channel, RunnerClient
+from sandboxrun.spec import ExecRequest
+from sandboxrun.spill import SpillDir, default_spill_root
+
+MARKER_VAR = "SANDBOXRUN_RUN_ID"
+CHUNK = 1 << 20
+PIPE_SIZE = 1 << 20
+ISOLATION = ("own-session", "descendant-sweep")
+SPAWN_TIMEOUT_S = 10.0
+
+
+def probe_pgroup() -> Probe:
+    if not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists():
+        return Probe("process-group", False, "needs Linux with /proc", ())
+    return Probe("process-group", True, None, ISOLATION)
+
+
+def spawn_exit_code(err: int) -> int:
+    """Shell conventions: 127 not found, 126 found but not executable / not runnable."""
+    return 127 if err in (errno.ENOENT, errno.ENOTDIR) else 126
+
+
+class _Run:
+    """The ``RunHandle`` of one command under the runner."""
+
+    def __init__(
+        self,
+        client: RunnerClient,
+        channel: Channel,
+        streams: list[tuple[int, StreamCapture]],
+        stdin: tuple[int, bytes] | None,
+    ) -> None:
+        self._client = client
+        self._channel = channel
+        self._open = list(streams)
+        self._stdin = stdin
+        self._termination: Termination | None = None
+
+    async def wait_exit(self) -> int | None:
+        channel = self._channel
+        while channel.exited is None and not channel.lost:
+            await channel.changed.wait()
+        return None if channel.exited is None else channel.exited.get("status")
+
+    async def terminate(self, grace_s: float) -> Termination:
+        if self._termination is None:
+            self._termination = await self._terminate(grace_s)
+        return self._termination
+
+    async def _terminate(self, grace_s: float) -> Termination:
+        channel = self._channel
+        if channel.terminated is None and not channel.lost:
+            with suppress(BackendError):
+                await self._client.terminate(channel.run_id, grace_s)
+        while channel.terminated is None and not channel.lost:
+            await channel.changed.wait()
+        done = channel.terminated
+        if done is None:
+            survivors = await sweep_marked(channel.run_id, grace_s)
+            return Termination(survivors=survivors, error=self._client.dead)
+        rss = done.get("maxrss_kb")
+        return Termination(
+            survivors=int(done["survivors"]),
+            cpu_s=round(float(done["cpu_s"]), 6),
+            peak_rss_bytes=int(rss) * 1024 if rss else None,
+        )
+
+    async def pump(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for stream in list(self._open):
+                tg.start_soon(self._read, stream)
+            if self._stdin is not None:
+                tg.start_soon(self._write_stdin)
+
+    async def _read(self, stream: tuple[int, StreamCapture]) -> None:
+        fd, capture = stream
+        while True:
+            await anyio.wait_readable(fd)
+            try:
+                data = os.read(fd, CHUNK)
+            except BlockingIOError:
+                continue
+            if not data:
+                self._open.remove(stream)
+                return
+            capture.feed(data)
+
+    async def _write_stdin(self) -> None:
+        assert self._stdin is not None
+        fd, data = self._stdin
+        view = memoryview(data)
+        try:
+            while view:
+                await anyio.wait_writable(fd)
+                try:
+                    view = view[os.write(fd, view) :]
+                except BlockingIOError:
+                    continue
+        except OSError:  # the command closed its stdin: what it did not read is dropped
+            pass
+        os.close(fd)
+        self._stdin = None
+
+
+async def sweep_marked(run_id: str, grace_s: float) -> int:
+    """Last resort when the runner is gone: find the run's processes by their environment
+    marker, TERM, grace, KILL. Returns how many are still alive."""
+
+    def marked() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter():
+            with suppress(psutil.Error):
+                if proc.environ().get(MARKER_VAR) == run_id:
+                    found.append(proc)
+        return found
+
+    procs = marked()
+    for proc in procs:
+        with suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with suppress(psutil.Error):
+            proc.kill()
+    _, alive = psutil.wait_procs(alive, timeout=2.0)
+    return len(alive)
+
+
+class ProcessGroupBackend:
+    name: BackendName = "process-group"
+
+    def __init__(self) -> None:
+        self._client = RunnerClient()
+
+    async def open(self, tg: TaskGroup) -> None:
+        await self._client.start(tg)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def isolation(self, request: ExecRequest) -> list[str]:
+        return list(ISOLATION)
+
+    def _env(self, request: ExecRequest) -> dict[str, str]:
+        env = dict(request.env)
+        env[MARKER_VAR] = request.run_id
+        if request.path_prepend:
+            joined = join_path_prepend(request.path_prepend)
+            if request.script is not None:
+                env[PATH_PREPEND_VAR] = joined
+            else:
+                env["PATH"] = f"{joined}:{env['PATH']}" if env.get("PATH") else joined
+        return env
+
+    def command(self, request: ExecRequest) -> list[str]:
+        if request.script is None:
+            assert request.argv is not None
+            return list(request.argv)
+        shell = shutil.which("bash", path=request.env.get("PATH")) or shutil.which(
+            "sh", path=request.env.get("PATH")
+        )
+        return shell_argv(request.script, shell=shell or "/bin/sh")
+
+    async def exec(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        started = time.monotonic()
+        limits = request.limits
+        spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
+        out = StreamCapture("stdout", limits.max_output, limits.spill_max, spill, request.sink)
+        err = StreamCapture("stderr", limits.max_output, limits.spill_max, spill, request.sink)
+        fds: list[int] = []
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            fds += [out_r, out_w]
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            fds += [err_r, err_w]
+            if request.stdin is None:
+                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+                fds.append(in_r)
+            else:
+                in_r, in_w = os.pipe2(os.O_CLOEXEC)
+                fds += [in_r, in_w]
+                os.set_blocking(in_w, False)
+            for fd in (out_r, err_r):
+                os.set_blocking(fd, False)
+                with suppress(OSError):
+                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            channel = self._client.open_channel(request.run_id)
+            try:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        spawn_error = await self._spawn(channel, request, [in_r, out_w, err_w])
+                    except BackendError as exc:
+                        result = finish_result(
+                            facts,
+                            status="sandbox_error",
+                            stdout=out,
+                            stderr=err,
+                            duration_s=time.monotonic() - started,
+                            error=str(exc),
+                        )
+                        return result, None
+                    for fd in (in_r, out_w, err_w):
+                        fds.remove(fd)
+                        os.close(fd)
+                if spawn_error is not None:
+                    return spawn_error_result(facts, spawn_error, out, err, started), None
+                run = _Run(
+                    self._client,
+                    channel,
+                    [(out_r, out), (err_r, err)],
+                    None if request.stdin is None else (in_w, request.stdin),
+                )
+                sup = await supervise(
+                    run,
+                    timeout_s=request.timeout_s,
+                    grace_s=limits.grace_s,
+                    drain_s=limits.drain_s,
+                    started=started,
+                )
+                if request.stdin is not None and run._stdin is None:
+                    fds.remove(in_w)  # closed by the writer
+            finally:
+                self._client.close_channel(request.run_id)
+        finally:
+            for fd in fds:
+                with suppress(OSError):
+                    os.close(fd)
+            out.close()
+            err.close()
+        return build_result(facts, sup, out, err), sup.cancel_exc
+
+    async def _spawn(
+        self, channel: Channel, request: ExecRequest, stdio: list[int]
+    ) -> dict[str, object] | None:
+        """Send the spawn; return the runner's spawn_error message, or None when it started."""
+        message = {
+            "argv": self.command(request),
+            "env": self._env(request),
+            "cwd": str(request.workdir),
+            "grace": request.limits.grace_s,
+        }
+        await self._client.spawn(channel, message, stdio)
+        with anyio.move_on_after(SPAWN_TIMEOUT_S):
+            while channel.spawned is None and not channel.lost:
+                await channel.changed.wait()
+        if channel.spawned is None:
+            raise BackendError(self._client.dead or "the runner did not answer the spawn request")
+        return channel.spawned if channel.spawned["op"] == "spawn_error" else None
+
+
+def spawn_error_result(
+    facts: RunFacts,
+    reply: dict[str, object],
+    out: StreamCapture,
+    err: StreamCapture,
+    started: float,
+) -> ExecResult:
+    code = reply.get("errno")
+    return finish_result(
+        facts,
+        status="spawn_error",
+        exit_code=spawn_exit_code(code if isinstance(code, int) else 0),
+        stdout=out,
+        stderr=err,
+        duration_s=time.monotonic() - started,
+        error=str(reply.get("error")),
+    )

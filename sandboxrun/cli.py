@@ -1,0 +1,247 @@
+"""The ``sandboxrun`` command line (typer). Exit statuses: see ``exit_status`` and docs/cli.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import anyio
+import typer
+from pydantic import ValidationError
+
+from sandboxrun import backends
+from sandboxrun.argv import quote_argv
+from sandboxrun.env import parse_env_assignment
+from sandboxrun.errors import (
+    BackendError,
+    InputError,
+    PolicyRefusedError,
+    SandboxUnavailableError,
+)
+from sandboxrun.models import ExecResult, Limits, Policy
+from sandboxrun.sandbox import Sandbox
+from sandboxrun.sanitize import TerminalSanitizer
+from sandboxrun.spec import ExecRequest, Sink
+from sandboxrun.spill import default_spill_root, prune
+from sandboxrun.units import parse_size
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Run untrusted commands against a workspace with OS-level isolation.",
+)
+
+EXIT_USAGE = 2
+EXIT_SANDBOX = 125
+
+
+def exit_status(result: ExecResult) -> int:
+    """The CLI exit status for a result (documented contract)."""
+    if result.status == "timed_out":
+        return 124
+    if result.status == "cancelled":
+        return 130
+    if result.status == "sandbox_error":
+        return EXIT_SANDBOX
+    if result.status == "oom_killed":
+        return 137
+    if result.status == "spawn_error":
+        return result.exit_code or 127
+    if result.signal is not None:
+        return 128 + int(signal.Signals[result.signal]) if result.signal in signal.Signals.__members__ else 128
+    return result.exit_code if result.exit_code is not None else EXIT_SANDBOX
+
+
+def fail(code: int, message: str) -> typer.Exit:
+    sys.stderr.write(f"sandboxrun: error: {message}\n")
+    return typer.Exit(code)
+
+
+def summary(result: ExecResult) -> str | None:
+    """One line on what the user should know: truncation, timeout, fallback, survivors."""
+    parts: list[str] = []
+    if result.fallback_reason:
+        parts.append(f"ran on {result.backend} (fallback: {result.fallback_reason})")
+    if result.timed_out:
+        parts.append(f"timed out after {result.duration_s:.1f}s")
+    for name in ("stdout", "stderr"):
+        if getattr(result, f"{name}_truncated"):
+            dropped = getattr(result, f"{name}_dropped_bytes")
+            spill = getattr(result, f"{name}_spill")
+            where = f", full stream in {spill}" if spill else ""
+            if spill and not getattr(result, f"{name}_spill_complete"):
+                where = f", first part in {spill}"
+            parts.append(f"{name} truncated ({dropped} bytes omitted{where})")
+    if result.survivors:
+        parts.append(f"{result.survivors} process(es) survived termination")
+    if result.error and result.status in ("spawn_error", "sandbox_error"):
+        parts.append(result.error)
+    return "sandboxrun: " + "; ".join(parts) if parts else None
+
+
+def live_sink() -> Sink:
+    sanitizers = {
+        "stdout": TerminalSanitizer() if sys.stdout.isatty() else None,
+        "stderr": TerminalSanitizer() if sys.stderr.isatty() else None,
+    }
+    streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+
+    def sink(name: str, chunk: bytes) -> None:
+        cleaner = sanitizers[name]
+        stream = streams[name]
+        stream.write(cleaner.feed(chunk) if cleaner else chunk)
+        stream.flush()
+
+    return sink
+
+
+async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult:
+    async with sb:
+        result: ExecResult | None = None
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                        async for _ in signals:
+                            scope.cancel()
+                            return
+
+                tg.start_soon(watch)
+                result = await sb.run_request(request)
+                tg.cancel_scope.cancel()
+        if result is None:
+            result = sb.last_result
+        assert result is not None
+        return result
+
+
+Backend = Literal["auto", "docker", "systemd-scope", "process-group"]
+Access = Literal["read-only", "workspace-write", "danger-full-access"]
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    command: Annotated[list[str], typer.Argument(help="COMMAND [ARGS...] (after --)")],
+    workspace: Annotated[Path, typer.Option("-w", "--workspace")] = Path("."),
+    workdir: Annotated[str | None, typer.Option("-C", "--workdir")] = None,
+    backend: Annotated[Backend, typer.Option("-b", "--backend")] = "auto",
+    policy: Annotated[Access, typer.Option("--policy")] = "workspace-write",
+    network: Annotated[Literal["none", "on"], typer.Option("--network")] = "none",
+    timeout: Annotated[float | None, typer.Option("-t", "--timeout")] = None,
+    grace: Annotated[float, typer.Option("--grace")] = 3.0,
+    max_output: Annotated[str, typer.Option("--max-output")] = "64k",
+    spill_max: Annotated[str, typer.Option("--spill-max")] = "64m",
+    env: Annotated[list[str] | None, typer.Option("-e", "--env")] = None,
+    pass_env: Annotated[list[str] | None, typer.Option("--pass-env")] = None,
+    pass_proxy: Annotated[bool, typer.Option("--pass-proxy")] = False,
+    path_prepend: Annotated[list[str] | None, typer.Option("--path-prepend")] = None,
+    shell: Annotated[bool, typer.Option("--shell", help="COMMAND is one shell string")] = False,
+    memory: Annotated[str | None, typer.Option("--memory")] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus")] = None,
+    pids: Annotated[int | None, typer.Option("--pids")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="docker only")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="UID[:GID], docker only")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
+    strict: Annotated[bool, typer.Option("--strict")] = False,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run COMMAND in a sandbox over the workspace and exit with its status."""
+    logging.getLogger("sandboxrun").addHandler(logging.NullHandler())
+    logging.getLogger("sandboxrun").propagate = False
+    try:
+        if shell and len(command) != 1:
+            raise InputError("--shell takes exactly one COMMAND string (quote the script)")
+        if image is not None or user is not None:
+            if backend != "docker":
+                raise InputError("--image and --user need --backend docker (issue #3)")
+        limits = Limits(
+            timeout_s=timeout if timeout is not None else Limits().timeout_s,
+            grace_s=grace,
+            max_output=parse_size(max_output, what="--max-output"),
+            spill_max=parse_size(spill_max, what="--spill-max"),
+            memory_bytes=None if memory is None else parse_size(memory, what="--memory"),
+            cpus=cpus,
+            pids=pids,
+        )
+        sb = Sandbox(
+            workspace,
+            backend=backend,
+            policy=Policy(access=policy, network=network, strict=strict),
+            limits=limits,
+            env=dict(parse_env_assignment(item) for item in env or []),
+            pass_env=pass_env or [],
+            pass_proxy=pass_proxy,
+            path_prepend=path_prepend or [],
+        )
+        request = sb.prepare(
+            None if shell else command,
+            shell=command[0] if shell else None,
+            workdir=workdir,
+            timeout=timeout,
+            sink=None if json_out else live_sink(),
+        )
+        if dry_run:
+            chosen, _ = backends.select(backend)
+            sys.stdout.write(quote_argv(chosen.command(request)) + "\n")
+            raise typer.Exit(0)
+        result = anyio.run(_execute, sb, request)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise fail(EXIT_USAGE, f"invalid {where}: {first['msg']}") from None
+    except InputError as exc:
+        raise fail(EXIT_USAGE, str(exc)) from None
+    except (SandboxUnavailableError, PolicyRefusedError, BackendError) as exc:
+        raise fail(EXIT_SANDBOX, str(exc)) from None
+    except KeyboardInterrupt:
+        raise fail(130, "interrupted") from None
+    if result.missing_guarantees:
+        sys.stderr.write(
+            f"sandboxrun: warning: {result.backend} cannot enforce: "
+            f"{', '.join(result.missing_guarantees)}\n"
+        )
+    if json_out:
+        sys.stdout.write(result.model_dump_json() + "\n")
+    else:
+        line = summary(result)
+        if line:
+            sys.stderr.write(line + "\n")
+    raise typer.Exit(exit_status(result))
+
+
+@app.command()
+def doctor(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """For each backend: available or not and why, and the isolation it gives."""
+    probes = [backends.probe(name) for name in backends.ORDER]
+    if json_out:
+        rows = [
+            {
+                "backend": p.backend,
+                "available": p.available,
+                "reason": p.reason,
+                "isolation": list(p.isolation),
+            }
+            for p in probes
+        ]
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    for p in probes:
+        state = "available" if p.available else "unavailable"
+        detail = ", ".join(p.isolation) if p.available else p.reason
+        sys.stdout.write(f"{p.backend:<14} {state:<12} {detail}\n")
+
+
+@app.command()
+def clean(
+    older_than: Annotated[float, typer.Option("--older-than", help="hours")] = 24.0,
+    spill_dir: Annotated[Path | None, typer.Option("--spill-dir")] = None,
+) -> None:
+    """Remove spill directories older than --older-than hours."""
+    root = spill_dir or default_spill_root()
+    removed = prune(root, older_than * 3600) if root.is_dir() else []
+    sys.stdout.write(f"removed {len(removed)} spill director{'y' if len(removed) == 1 else 'ies'}\n")

@@ -1,0 +1,79 @@
+"""The one error hierarchy of sandboxrun.
+
+::
+
+    SandboxrunError
+    ├── InputError                  bad input; nothing ran (CLI exit 2)
+    │   ├── WorkspaceError          workspace / workdir missing, not a directory, or escaping
+    │   ├── EnvError                invalid environment names or values, refused secrets
+    │   └── ConfigError             invalid limits, policy, sizes or options
+    ├── SandboxUnavailableError     the backend cannot be used here (CLI exit 125)
+    ├── PolicyRefusedError          ``strict`` and the backend cannot give a guarantee (exit 125)
+    ├── BackendError                the backend failed while it was in use (exit 125)
+    └── ExecError                   raised only by ``ExecResult.check()``; carries ``.result``
+
+A command that exits non-zero is *data* (``ExecResult.status == "failed"``), never an exception,
+until the caller asks with ``ExecResult.check()``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandboxrun.models import ExecResult
+
+
+class SandboxrunError(Exception):
+    """Root of every error sandboxrun raises on purpose."""
+
+
+class InputError(SandboxrunError):
+    """The caller's input is invalid; nothing was started."""
+
+
+class WorkspaceError(InputError):
+    """The workspace or working directory is missing, of the wrong kind, or escapes."""
+
+
+class EnvError(InputError):
+    """An environment variable name or value is invalid, or a secret was passed implicitly."""
+
+
+class ConfigError(InputError):
+    """A limit, size, policy or option value is invalid."""
+
+
+class SandboxUnavailableError(SandboxrunError):
+    """The requested backend cannot run here; ``reason`` says why."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(f"backend {backend!r} is unavailable: {reason}")
+        self.backend = backend
+        self.reason = reason
+
+
+class PolicyRefusedError(SandboxrunError):
+    """``strict`` was asked and the backend cannot enforce every requested guarantee."""
+
+    def __init__(self, backend: str, missing: list[str]) -> None:
+        super().__init__(
+            f"refusing to run: backend {backend!r} cannot enforce: {', '.join(missing)}"
+        )
+        self.backend = backend
+        self.missing = missing
+
+
+class BackendError(SandboxrunError):
+    """The backend itself failed while in use (died, lost, protocol error)."""
+
+
+class ExecError(SandboxrunError):
+    """Raised by ``ExecResult.check()`` for any result that is not ``completed``."""
+
+    def __init__(self, result: ExecResult) -> None:
+        detail = result.error or (
+            f"exit code {result.exit_code}" if result.exit_code is not None else result.signal
+        )
+        super().__init__(f"command {result.argv!r} ended with status {result.status} ({detail})")
+        self.result = result

@@ -1,0 +1,130 @@
+"""Public data models: the policy and limits a caller asks for, and the result contract.
+
+``ExecResult`` is the public contract: ``sandboxrun run --json`` prints exactly
+``ExecResult.model_dump_json()``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sandboxrun.errors import ExecError
+
+Status = Literal[
+    "completed", "failed", "timed_out", "cancelled", "spawn_error", "sandbox_error", "oom_killed"
+]
+BackendName = Literal["docker", "systemd-scope", "process-group"]
+Access = Literal["read-only", "workspace-write", "danger-full-access"]
+Network = Literal["none", "on"]
+
+DEFAULT_MAX_OUTPUT = 64 * 1024
+DEFAULT_SPILL_MAX = 64 * 1024 * 1024
+
+
+class Policy(BaseModel):
+    """What the command may touch. Each backend enforces what it can; see ``ExecResult.isolation``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    access: Access = "workspace-write"
+    network: Network = "none"
+    strict: bool = False
+    """Refuse to run (``PolicyRefusedError``) when the backend cannot give every guarantee."""
+
+
+class Limits(BaseModel):
+    """Time, output and resource limits of a run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    timeout_s: float = Field(default=120.0, gt=0)
+    max_timeout_s: float = Field(default=600.0, gt=0)
+    grace_s: float = Field(default=3.0, ge=0)
+    drain_s: float = Field(default=2.0, ge=0)
+    max_output: int = Field(default=DEFAULT_MAX_OUTPUT, ge=64)
+    spill_max: int = Field(default=DEFAULT_SPILL_MAX, ge=0)
+    spill_dir: Path | None = None
+    memory_bytes: int | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
+    pids: int | None = Field(default=None, gt=0)
+
+    @field_validator("timeout_s", "max_timeout_s", "grace_s", "drain_s", "cpus")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    def clamp_timeout(self, timeout_s: float | None) -> float:
+        """The effective timeout: the given one (or the default), never above the maximum."""
+        chosen = self.timeout_s if timeout_s is None else timeout_s
+        if not math.isfinite(chosen) or chosen <= 0:
+            raise ValueError(f"timeout must be a positive finite number of seconds, got {chosen}")
+        return min(chosen, self.max_timeout_s)
+
+
+def required_guarantees(policy: Policy, limits: Limits) -> list[str]:
+    """The isolation guarantees a policy and limits ask for, by the names ``isolation`` uses."""
+    wanted: list[str] = []
+    if policy.access == "read-only":
+        wanted += ["read-only-workspace", "read-only-root"]
+    elif policy.access == "workspace-write":
+        wanted.append("read-only-root")
+    if policy.network == "none":
+        wanted.append("network-none")
+    if limits.memory_bytes is not None:
+        wanted.append("memory-limit")
+    if limits.cpus is not None:
+        wanted.append("cpu-limit")
+    if limits.pids is not None:
+        wanted.append("pids-limit")
+    return wanted
+
+
+class ExecResult(BaseModel):
+    """What happened to one command. A non-zero exit is data: call ``check()`` to raise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status
+    exit_code: int | None = None
+    signal: str | None = None
+    timed_out: bool = False
+    duration_s: float
+    cpu_s: float | None = None
+    peak_rss_bytes: int | None = None
+    stdout: str = ""
+    stdout_total_bytes: int = 0
+    stdout_dropped_bytes: int = 0
+    stdout_truncated: bool = False
+    stdout_spill: str | None = None
+    stdout_spill_complete: bool = True
+    stderr: str = ""
+    stderr_total_bytes: int = 0
+    stderr_dropped_bytes: int = 0
+    stderr_truncated: bool = False
+    stderr_spill: str | None = None
+    stderr_spill_complete: bool = True
+    backend: BackendName
+    isolation: list[str] = Field(default_factory=list)
+    missing_guarantees: list[str] = Field(default_factory=list)
+    fallback_reason: str | None = None
+    survivors: int = 0
+    argv: list[str]
+    run_id: str
+    error: str | None = None
+    """Human-readable detail for ``spawn_error`` / ``sandbox_error`` (and survivors), else null."""
+
+    def check(self) -> ExecResult:
+        """Return ``self`` when ``completed``, else raise ``ExecError`` carrying this result."""
+        if self.status != "completed":
+            raise ExecError(self)
+        return self
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"

@@ -1,0 +1,220 @@
+"""Supervision of one running command, shared by every backend.
+
+A backend starts the command and hands back a ``RunHandle``; ``supervise`` then applies the
+deadline, drains output with a bounded drain period, terminates the whole managed range
+(TERM -> grace -> KILL, done by the backend), and turns cancellation into a shielded, bounded
+cleanup. ``build_result`` turns the outcome into the public ``ExecResult``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import anyio
+
+from sandboxrun.capture import StreamCapture
+from sandboxrun.models import BackendName, ExecResult, Status
+
+KILL_BUDGET_S = 5.0
+"""How long after the grace period SIGKILL is repeated before survivors are reported."""
+
+
+@dataclass
+class Termination:
+    """What the backend reports once the managed range is (as far as it can tell) empty."""
+
+    survivors: int = 0
+    cpu_s: float | None = None
+    peak_rss_bytes: int | None = None
+    error: str | None = None
+
+
+class RunHandle(Protocol):
+    """One started command, as a backend exposes it to ``supervise``."""
+
+    async def wait_exit(self) -> int | None:
+        """Wait for the main process; return its raw wait status (None: backend lost it)."""
+
+    async def terminate(self, grace_s: float) -> Termination:
+        """TERM the whole managed range, wait ``grace_s``, KILL what is left, until empty."""
+
+    async def pump(self) -> None:
+        """Read every output stream into its capture until EOF. May be called again."""
+
+
+Reason = Literal["exited", "timeout", "cancel", "lost"]
+
+
+@dataclass
+class Supervision:
+    reason: Reason = "exited"
+    wait_status: int | None = None
+    termination: Termination = field(default_factory=Termination)
+    duration_s: float = 0.0
+    cancel_exc: BaseException | None = None
+
+
+async def _drain(handle: RunHandle, drain_s: float) -> None:
+    with anyio.move_on_after(drain_s):
+        await handle.pump()
+
+
+async def supervise(
+    handle: RunHandle, *, timeout_s: float, grace_s: float, drain_s: float, started: float
+) -> Supervision:
+    """Run ``handle`` to its end. Never raises the caller's cancellation: it is returned in
+    ``Supervision.cancel_exc`` after the cleanup, for the caller to re-raise."""
+    sup = Supervision()
+    bound = grace_s + KILL_BUDGET_S + 2 * drain_s + 5.0
+    output_done = anyio.Event()
+
+    async def pump() -> None:
+        await handle.pump()
+        output_done.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            with anyio.move_on_after(timeout_s) as deadline:
+                sup.wait_status = await handle.wait_exit()
+            if deadline.cancelled_caught:
+                sup.reason = "timeout"
+            elif sup.wait_status is None:
+                sup.reason = "lost"
+            with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+                if sup.reason == "exited":  # let late writers finish, bounded, then sweep the rest
+                    with anyio.move_on_after(drain_s):
+                        await output_done.wait()
+                sup.termination = await handle.terminate(grace_s)
+                if sup.reason == "timeout":
+                    sup.wait_status = await handle.wait_exit()
+                with anyio.move_on_after(drain_s):
+                    await output_done.wait()
+            tg.cancel_scope.cancel()
+    except anyio.get_cancelled_exc_class() as exc:
+        sup.cancel_exc = exc
+        with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+            if sup.wait_status is None:
+                sup.reason = "cancel"
+            sup.termination = await handle.terminate(grace_s)
+            if sup.wait_status is None:
+                sup.wait_status = await handle.wait_exit()
+            await _drain(handle, drain_s)
+    sup.duration_s = time.monotonic() - started
+    return sup
+
+
+def decode_wait_status(status: int | None) -> tuple[int | None, str | None]:
+    """``(exit_code, signal_name)`` from a raw wait status."""
+    if status is None:
+        return None, None
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    if os.WIFSIGNALED(status):
+        return None, signal_name(os.WTERMSIG(status))
+    return None, None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+@dataclass
+class RunFacts:
+    """Everything about a run besides its supervision outcome."""
+
+    backend: BackendName
+    argv: list[str]
+    run_id: str
+    isolation: list[str]
+    missing: list[str]
+    fallback_reason: str | None
+
+
+def build_result(
+    facts: RunFacts,
+    sup: Supervision,
+    stdout: StreamCapture,
+    stderr: StreamCapture,
+) -> ExecResult:
+    exit_code, sig = decode_wait_status(sup.wait_status)
+    status: Status
+    error = sup.termination.error
+    if sup.reason == "timeout":
+        status = "timed_out"
+    elif sup.reason == "cancel":
+        status = "cancelled"
+    elif sup.reason == "lost":
+        status = "sandbox_error"
+        error = error or "the backend lost the command before it exited"
+    elif exit_code == 0:
+        status = "completed"
+    else:
+        status = "failed"
+    if sup.termination.survivors:
+        note = f"{sup.termination.survivors} process(es) of the run could not be killed"
+        error = f"{error}; {note}" if error else note
+    return finish_result(
+        facts,
+        status=status,
+        exit_code=exit_code,
+        signal=sig,
+        duration_s=sup.duration_s,
+        stdout=stdout,
+        stderr=stderr,
+        termination=sup.termination,
+        error=error,
+    )
+
+
+def finish_result(
+    facts: RunFacts,
+    *,
+    status: Status,
+    stdout: StreamCapture,
+    stderr: StreamCapture,
+    duration_s: float,
+    exit_code: int | None = None,
+    signal: str | None = None,
+    termination: Termination | None = None,
+    error: str | None = None,
+) -> ExecResult:
+    """Assemble an ``ExecResult`` (also for runs that never started)."""
+    term = termination or Termination()
+    out, err = stdout.report(), stderr.report()
+    return ExecResult(
+        status=status,
+        exit_code=exit_code,
+        signal=signal,
+        timed_out=status == "timed_out",
+        duration_s=round(duration_s, 6),
+        cpu_s=term.cpu_s,
+        peak_rss_bytes=term.peak_rss_bytes,
+        stdout=out.text,
+        stdout_total_bytes=out.total_bytes,
+        stdout_dropped_bytes=out.dropped_bytes,
+        stdout_truncated=out.truncated,
+        stdout_spill=out.spill,
+        stdout_spill_complete=out.spill_complete,
+        stderr=err.text,
+        stderr_total_bytes=err.total_bytes,
+        stderr_dropped_bytes=err.dropped_bytes,
+        stderr_truncated=err.truncated,
+        stderr_spill=err.spill,
+        stderr_spill_complete=err.spill_complete,
+        backend=facts.backend,
+        isolation=facts.isolation,
+        missing_guarantees=facts.missing,
+        fallback_reason=facts.fallback_reason,
+        survivors=term.survivors,
+        argv=facts.argv,
+        run_id=facts.run_id,
+        error=error,
+    )

@@ -1,0 +1,193 @@
+"""Host side of the process-group runner (see ``sandboxrun/_runner.py`` for the protocol).
+
+One ``RunnerClient`` per process-group sandbox: it starts the runner, reads its messages in a
+background task and routes them to per-run ``Channel`` objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from sandboxrun.errors import BackendError
+
+HEADER = struct.Struct("!I")
+RUNNER = Path(__file__).with_name("_runner.py")
+READY_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Channel:
+    """Messages the runner sent about one run."""
+
+    run_id: str
+    spawned: dict[str, Any] | None = None
+    exited: dict[str, Any] | None = None
+    terminated: dict[str, Any] | None = None
+    lost: bool = False
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+class RunnerClient:
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._channels: dict[str, Channel] = {}
+        self._send_lock = anyio.Lock()
+        self._ready = anyio.Event()
+        self._dead: str | None = None
+        self._inbuf = b""
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def start(self, tg: TaskGroup) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(RUNNER), str(child.fileno())],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # terminal signals (Ctrl-C) go to the host only
+            )
+        except OSError as exc:
+            parent.close()
+            raise BackendError(f"cannot start the process-group runner: {exc}") from exc
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self._sock = parent
+        tg.start_soon(self._read_loop)
+        with anyio.move_on_after(READY_TIMEOUT_S):
+            await self._ready.wait()
+        if not self._ready.is_set() or self._dead:
+            await self.close()
+            raise BackendError(f"the process-group runner did not start: {self._dead or 'timeout'}")
+
+    async def _read_loop(self) -> None:
+        assert self._sock is not None
+        try:
+            while True:
+                await anyio.wait_readable(self._sock)
+                try:
+                    data = self._sock.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    self._lose(f"runner connection failed: {exc}")
+                    return
+                if not data:
+                    self._lose("the runner exited unexpectedly")
+                    return
+                self._inbuf += data
+                while len(self._inbuf) >= HEADER.size:
+                    (size,) = HEADER.unpack_from(self._inbuf)
+                    if len(self._inbuf) < HEADER.size + size:
+                        break
+                    msg = json.loads(self._inbuf[HEADER.size : HEADER.size + size])
+                    self._inbuf = self._inbuf[HEADER.size + size :]
+                    self._dispatch(msg)
+        except OSError as exc:  # the socket was closed under us
+            self._lose(f"runner connection closed: {exc}")
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "ready":
+            self._ready.set()
+            return
+        channel = self._channels.get(msg.get("id", ""))
+        if channel is None:
+            return
+        if op in ("spawned", "spawn_error"):
+            channel.spawned = msg
+        elif op == "exit":
+            channel.exited = msg
+        elif op == "terminated":
+            channel.terminated = msg
+            channel.exited = channel.exited or msg
+        channel.notify()
+
+    def _lose(self, reason: str) -> None:
+        self._dead = self._dead or reason
+        self._ready.set()
+        for channel in self._channels.values():
+            channel.lost = True
+            channel.notify()
+
+    @property
+    def dead(self) -> str | None:
+        return self._dead
+
+    async def _send(self, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+        if self._dead or self._sock is None:
+            raise BackendError(self._dead or "runner not started")
+        data = json.dumps(msg).encode()
+        frame = memoryview(HEADER.pack(len(data)) + data)
+        async with self._send_lock:
+            first = True
+            while frame:
+                await anyio.wait_writable(self._sock)
+                try:
+                    if first and fds:
+                        sent = socket.send_fds(self._sock, [frame], fds)
+                    else:
+                        sent = self._sock.send(frame)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    self._lose(f"runner connection failed: {exc}")
+                    raise BackendError(f"runner connection failed: {exc}") from exc
+                first = False
+                frame = frame[sent:]
+
+    def open_channel(self, run_id: str) -> Channel:
+        channel = Channel(run_id)
+        self._channels[run_id] = channel
+        return channel
+
+    def close_channel(self, run_id: str) -> None:
+        self._channels.pop(run_id, None)
+
+    async def spawn(self, channel: Channel, request: dict[str, Any], fds: list[int]) -> None:
+        await self._send({"op": "spawn", "id": channel.run_id, **request}, fds)
+
+    async def terminate(self, run_id: str, grace_s: float) -> None:
+        await self._send({"op": "terminate", "id": run_id, "grace": grace_s})
+
+    async def close(self) -> None:
+        """Ask the runner to finish (it terminates whatever still runs) and reap it. Bounded."""
+        proc = self._proc
+        if proc is None:
+            return
+        with suppress(BackendError):
+            await self._send({"op": "shutdown"})
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            with anyio.move_on_after(CLOSE_TIMEOUT_S):
+                await anyio.wait_readable(pidfd)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        finally:
+            os.close(pidfd)
+            if self._sock is not None:
+                self._sock.close()
+            self._proc = None

@@ -1,0 +1,246 @@
+"""``Sandbox``: open a backend once, run many commands in it, close it; and a sync ``run``.
+
+Raises ``InputError`` (bad workspace, workdir, env, options) before anything runs,
+``SandboxUnavailableError`` when the requested backend cannot be used, ``PolicyRefusedError``
+under ``strict`` when a requested guarantee cannot be enforced, and re-raises the caller's
+cancellation after a shielded, bounded cleanup (the cancelled result is in ``last_result``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from pathlib import PurePosixPath
+from types import TracebackType
+from typing import Self
+
+import anyio
+
+from sandboxrun import backends
+from sandboxrun.argv import join_path_prepend, validate_argv
+from sandboxrun.env import build_env
+from sandboxrun.errors import ConfigError, PolicyRefusedError
+from sandboxrun.models import ExecResult, Limits, Policy, required_guarantees
+from sandboxrun.paths import Workspace
+from sandboxrun.process import RunFacts
+from sandboxrun.spec import ExecRequest, Sink
+
+log = logging.getLogger("sandboxrun")
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(8)
+
+
+class Sandbox:
+    """``async with Sandbox(workspace=...) as sb: result = await sb.exec([...])``."""
+
+    def __init__(
+        self,
+        workspace: str | os.PathLike[str] = ".",
+        *,
+        backend: str = "auto",
+        policy: Policy | None = None,
+        limits: Limits | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        pass_proxy: bool = False,
+        path_prepend: Sequence[str] = (),
+        host_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workspace = Workspace.open(workspace)
+        self.policy = policy or Policy()
+        self.limits = limits or Limits()
+        self._requested = backend
+        self._env = dict(env or {})
+        self._pass_env = list(pass_env)
+        self._pass_proxy = pass_proxy
+        self._path_prepend = list(path_prepend)
+        self._host_env = dict(os.environ if host_env is None else host_env)
+        self._backend: backends.Backend | None = None
+        self._stack: AsyncExitStack | None = None
+        self._warned: set[tuple[str, ...]] = set()
+        self.fallback_reason: str | None = None
+        self.last_result: ExecResult | None = None
+        if backend != "auto":
+            backends.check_name(backend)
+
+    @property
+    def backend(self) -> backends.Backend:
+        if self._backend is None:
+            raise RuntimeError("the Sandbox is not open: use `async with Sandbox(...) as sb`")
+        return self._backend
+
+    async def __aenter__(self) -> Self:
+        backend, self.fallback_reason = backends.select(self._requested)
+        stack = AsyncExitStack()
+        try:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            stack.push_async_callback(self._close_backend, backend)
+            await backend.open(tg)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        self._backend, self._stack = backend, stack
+        return self
+
+    async def _close_backend(self, backend: backends.Backend) -> None:
+        with anyio.CancelScope(shield=True):
+            await backend.close()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack, self._backend = self._stack, None, None
+        if stack is not None:
+            await stack.__aexit__(exc_type, exc, tb)
+
+    def prepare(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        shell: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        path_prepend: Sequence[str] = (),
+        sink: Sink | None = None,
+    ) -> ExecRequest:
+        """Validate one command into an ``ExecRequest``. No process is started."""
+        if (argv is None) == (shell is None):
+            raise ConfigError("give exactly one of an argv list or shell='script'")
+        if shell is not None and "\0" in shell:
+            raise ConfigError("the shell script contains a NUL byte")
+        cwd = self.workspace.resolve_workdir(workdir)
+        prepend = [*self._path_prepend, *path_prepend]
+        if prepend:
+            join_path_prepend(prepend)
+        built = build_env(
+            self._host_env,
+            explicit={**self._env, **(env or {})},
+            pass_through=[*self._pass_env, *pass_env],
+            pass_proxy=self._pass_proxy,
+        )
+        try:
+            timeout_s = self.limits.clamp_timeout(timeout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        return ExecRequest(
+            run_id=new_run_id(),
+            argv=None if argv is None else validate_argv(argv),
+            script=shell,
+            env=built,
+            path_prepend=prepend,
+            workdir=cwd,
+            workdir_rel=PurePosixPath(cwd.relative_to(self.workspace.root).as_posix()),
+            stdin=stdin,
+            timeout_s=timeout_s,
+            limits=self.limits,
+            policy=self.policy,
+            sink=sink,
+        )
+
+    def missing_guarantees(self, request: ExecRequest) -> list[str]:
+        enforced = set(self.backend.isolation(request))
+        return [g for g in required_guarantees(self.policy, self.limits) if g not in enforced]
+
+    async def exec(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        shell: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        path_prepend: Sequence[str] = (),
+        sink: Sink | None = None,
+    ) -> ExecResult:
+        """Run one command and return what happened. Never raises for a non-zero exit."""
+        request = self.prepare(
+            argv,
+            shell=shell,
+            workdir=workdir,
+            env=env,
+            pass_env=pass_env,
+            timeout=timeout,
+            stdin=stdin,
+            path_prepend=path_prepend,
+            sink=sink,
+        )
+        return await self.run_request(request)
+
+    async def run_request(self, request: ExecRequest) -> ExecResult:
+        backend = self.backend
+        missing = self.missing_guarantees(request)
+        if missing and self.policy.strict:
+            raise PolicyRefusedError(backend.name, missing)
+        if missing and tuple(missing) not in self._warned:
+            self._warned.add(tuple(missing))
+            log.warning(
+                "sandboxrun: backend %s cannot enforce: %s", backend.name, ", ".join(missing)
+            )
+        facts = RunFacts(
+            backend=backend.name,
+            argv=backend.command(request),
+            run_id=request.run_id,
+            isolation=backend.isolation(request),
+            missing=missing,
+            fallback_reason=self.fallback_reason,
+        )
+        result, cancelled = await backend.exec(request, facts)
+        self.last_result = result
+        if cancelled is not None:
+            raise cancelled
+        return result
+
+
+def run(
+    argv: Sequence[str] | None = None,
+    *,
+    shell: str | None = None,
+    workspace: str | os.PathLike[str] = ".",
+    backend: str = "auto",
+    policy: Policy | None = None,
+    limits: Limits | None = None,
+    workdir: str | None = None,
+    env: Mapping[str, str] | None = None,
+    pass_env: Sequence[str] = (),
+    pass_proxy: bool = False,
+    path_prepend: Sequence[str] = (),
+    timeout: float | None = None,
+    stdin: bytes | None = None,
+) -> ExecResult:
+    """Synchronous one-shot: open a sandbox, run one command, close it."""
+
+    async def go() -> ExecResult:
+        async with Sandbox(
+            workspace,
+            backend=backend,
+            policy=policy,
+            limits=limits,
+            pass_proxy=pass_proxy,
+        ) as sb:
+            return await sb.exec(
+                argv,
+                shell=shell,
+                workdir=workdir,
+                env=env,
+                pass_env=pass_env,
+                timeout=timeout,
+                stdin=stdin,
+                path_prepend=path_prepend,
+            )
+
+    return anyio.run(go)

@@ -1,0 +1,47 @@
+"""Shared test helpers (importable: tests/ is on pytest's pythonpath)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import suppress
+
+import psutil
+
+MARKER = "SANDBOXRUN_RUN_ID"
+
+
+def marked_processes(run_id: str) -> list[psutil.Process]:
+    """Every live process that carries the run's environment marker."""
+    found = []
+    for proc in psutil.process_iter():
+        with suppress(psutil.Error):
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get(MARKER) == run_id:
+                found.append(proc)
+    return found
+
+
+def assert_nothing_left(run_id: str) -> None:
+    left = marked_processes(run_id)
+    assert not left, f"processes of run {run_id} survived: {[p.pid for p in left]}"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+def processes_with_arg(token: str) -> list[psutil.Process]:
+    """Live processes whose command line contains ``token`` (for commands that clear their env)."""
+    found = []
+    for proc in psutil.process_iter():
+        with suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE and any(token in a for a in proc.cmdline()):
+                found.append(proc)
+    return found
