@@ -236,9 +236,9 @@ class Runner:
                     members[pid] = stat[2]
                 stack.extend(kids.get(pid, []))
             found[run_id] = members
-            run = self.runs.get(run_id)
-            if run is not None:
-                run.members = members
+            tracked = self.runs.get(run_id)
+            if tracked is not None:
+                tracked.members = members
         return found
 
     def attribute(self, pid: int, start: int, active: list[Run]) -> list[str]:

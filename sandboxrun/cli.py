@@ -52,7 +52,8 @@ def exit_status(result: ExecResult) -> int:
     if result.status == "spawn_error":
         return result.exit_code or 127
     if result.signal is not None:
-        return 128 + int(signal.Signals[result.signal]) if result.signal in signal.Signals.__members__ else 128
+        known = signal.Signals.__members__.get(result.signal)
+        return 128 + (int(known) if known is not None else 0)
     return result.exit_code if result.exit_code is not None else EXIT_SANDBOX
 
 
@@ -127,7 +128,7 @@ Access = Literal["read-only", "workspace-write", "danger-full-access"]
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
     command: Annotated[list[str], typer.Argument(help="COMMAND [ARGS...] (after --)")],
-    workspace: Annotated[Path, typer.Option("-w", "--workspace")] = Path("."),
+    workspace: Annotated[Path, typer.Option("-w", "--workspace")] = Path(),
     workdir: Annotated[str | None, typer.Option("-C", "--workdir")] = None,
     backend: Annotated[Backend, typer.Option("-b", "--backend")] = "auto",
     policy: Annotated[Access, typer.Option("--policy")] = "workspace-write",
@@ -156,9 +157,8 @@ def run(
     try:
         if shell and len(command) != 1:
             raise InputError("--shell takes exactly one COMMAND string (quote the script)")
-        if image is not None or user is not None:
-            if backend != "docker":
-                raise InputError("--image and --user need --backend docker (issue #3)")
+        if (image is not None or user is not None) and backend != "docker":
+            raise InputError("--image and --user need --backend docker (issue #3)")
         limits = Limits(
             timeout_s=timeout if timeout is not None else Limits().timeout_s,
             grace_s=grace,
@@ -244,4 +244,5 @@ def clean(
     """Remove spill directories older than --older-than hours."""
     root = spill_dir or default_spill_root()
     removed = prune(root, older_than * 3600) if root.is_dir() else []
-    sys.stdout.write(f"removed {len(removed)} spill director{'y' if len(removed) == 1 else 'ies'}\n")
+    noun = "directory" if len(removed) == 1 else "directories"
+    sys.stdout.write(f"removed {len(removed)} spill {noun}\n")

@@ -26,7 +26,7 @@ DEFAULT_SPILL_MAX = 64 * 1024 * 1024
 
 
 class Policy(BaseModel):
-    """What the command may touch. Each backend enforces what it can; see ``ExecResult.isolation``."""
+    """What the command may touch. Each backend enforces what it can (``ExecResult.isolation``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -28,6 +28,16 @@ READY_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 30.0
 
 
+def _spawn_runner(sock: socket.socket) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", str(RUNNER), str(sock.fileno())],
+        pass_fds=[sock.fileno()],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,  # terminal signals (Ctrl-C) go to the host only
+    )
+
+
 @dataclass
 class Channel:
     """Messages the runner sent about one run."""
@@ -61,13 +71,7 @@ class RunnerClient:
     async def start(self, tg: TaskGroup) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(RUNNER), str(child.fileno())],
-                pass_fds=[child.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,  # terminal signals (Ctrl-C) go to the host only
-            )
+            self._proc = _spawn_runner(child)
         except OSError as exc:
             parent.close()
             raise BackendError(f"cannot start the process-group runner: {exc}") from exc

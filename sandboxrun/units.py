@@ -14,7 +14,7 @@ def parse_size(text: str, *, what: str = "size") -> int:
     """``"512m"`` -> 536870912. Suffixes k/m/g/t (binary, optional ``b``/``ib``); bare = bytes."""
     match = _SIZE.match(text)
     if match is None:
-        raise ConfigError(f"invalid {what} {text!r}: expected a number with optional k/m/g/t suffix")
+        raise ConfigError(f"invalid {what} {text!r}: expected a number with a k/m/g/t suffix")
     number, unit, _ = match.groups()
     value = float(number) * _FACTORS[unit.lower()]
     if value != int(value):

@@ -1,0 +1,99 @@
+"""Building the argv that starts the user's command. Pure: nothing here spawns anything.
+
+Commands run under a POSIX login shell (``bash -l``, ``sh -l``), so the login profile sets
+``PATH`` and friends first. The profile may *assign* ``PATH``; directories that must come first
+(tool shims, a venv's ``bin``) are therefore prepended by ``PATH_PREFIX``, which is part of the
+``-c`` script and so runs *after* the profile. The directories travel in the environment
+variable ``PATH_PREPEND_VAR`` (build it with ``join_path_prepend``) and are never interpolated
+into the script text, so no quoting of them is ever needed. The user's script or argv is
+likewise never quoted or rewritten: a script is appended verbatim after the prefix, and an argv
+is passed as positional parameters to ``exec "$@"``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from sandboxrun.errors import ConfigError
+
+PATH_PREPEND_VAR = "SANDBOXRUN_PATH_PREPEND"
+PATH_PREFIX = (
+    f'if [ -n "${{{PATH_PREPEND_VAR}-}}" ]; then '
+    f'PATH="${PATH_PREPEND_VAR}${{PATH:+:$PATH}}"; export PATH; fi; '
+    f"unset {PATH_PREPEND_VAR}; "
+)
+"""POSIX sh snippet: prepend ``$SANDBOXRUN_PATH_PREPEND`` (if non-empty) to ``PATH``, export it,
+unset the variable. ``${PATH:+:$PATH}`` avoids a trailing ``:`` (= the current directory) when
+the profile left ``PATH`` empty or unset; ``${VAR-}`` keeps it safe under ``set -u``."""
+WRAPPED_ARGV0 = "sandboxrun"
+"""``$0`` of the wrapper shell in ``wrapped_argv`` (shows up in the shell's own error messages)."""
+
+
+def validate_argv(argv: Sequence[str]) -> list[str]:
+    """A checked copy of ``argv``: non-empty, every element a ``str`` without NUL."""
+    if isinstance(argv, str | bytes):
+        raise ConfigError("argv must be a sequence of strings, not a single string")
+    checked = list(argv)
+    if not checked:
+        raise ConfigError("argv is empty: nothing to run")
+    for index, arg in enumerate(checked):
+        if not isinstance(arg, str):
+            raise ConfigError(f"argv[{index}] is a {type(arg).__name__}, not a str")
+        if "\0" in arg:
+            raise ConfigError(f"argv[{index}] contains a NUL byte")
+    return checked
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """A shell-pasteable rendering of ``argv`` (for ``--dry-run`` and logs)."""
+    return shlex.join(argv)
+
+
+def join_path_prepend(dirs: Sequence[str]) -> str:
+    """The value for ``PATH_PREPEND_VAR``: absolute directories joined with ``:``, in order."""
+    if isinstance(dirs, str):
+        raise ConfigError("path prepend must be a sequence of directories, not a single string")
+    for index, directory in enumerate(dirs):
+        if not directory or ":" in directory or "\0" in directory:
+            raise ConfigError(
+                f"path prepend entry {index} ({directory!r}) must be non-empty "
+                "and contain no ':' or NUL"
+            )
+        if not directory.startswith("/"):
+            # A relative PATH entry resolves against the (untrusted) working directory.
+            raise ConfigError(f"path prepend entry {index} ({directory!r}) must be absolute")
+    return ":".join(dirs)
+
+
+def _check_shell(shell: str) -> None:
+    if not shell or "\0" in shell:
+        raise ConfigError(f"shell {shell!r} must be non-empty and contain no NUL")
+    if "/" in shell and not shell.startswith("/"):
+        raise ConfigError(f"shell {shell!r} must be an absolute path or a bare command name")
+
+
+def shell_argv(script: str, *, shell: str = "bash") -> list[str]:
+    """``[shell, "-lc", PATH_PREFIX + script, shell]``: run ``script`` under a login shell.
+
+    The script is appended verbatim; inside it ``$0`` is ``shell`` and ``"$@"`` is empty.
+    """
+    _check_shell(shell)
+    if "\0" in script:
+        raise ConfigError("script contains a NUL byte")
+    return [shell, "-lc", PATH_PREFIX + script, shell]
+
+
+def wrapped_argv(argv: Sequence[str], *, shell: str = "bash") -> list[str]:
+    """``[shell, "-lc", PATH_PREFIX + 'exec "$@"', "sandboxrun", *argv]``.
+
+    The login profile runs first, then the shell replaces itself with ``argv``, received
+    positionally and therefore byte-for-byte unchanged. ``argv[0]`` must not start with ``-``.
+    """
+    _check_shell(shell)
+    checked = validate_argv(argv)
+    if checked[0].startswith("-"):
+        # bash's ``exec`` would take it as an option (``exec -c`` clears the environment) and
+        # dash's ``exec`` does not accept ``--``: there is no portable way to exec such a name.
+        raise ConfigError(f"argv[0] {checked[0]!r} starts with '-'; name the file ./{checked[0]}")
+    return [shell, "-lc", PATH_PREFIX + 'exec "$@"', WRAPPED_ARGV0, *checked]
