@@ -20,6 +20,7 @@ from sandboxrun.errors import (
     BackendError,
     InputError,
     PolicyRefusedError,
+    SandboxrunError,
     SandboxUnavailableError,
 )
 from sandboxrun.models import ExecResult, Limits, Policy
@@ -103,6 +104,7 @@ def live_sink() -> Sink:
 async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult:
     async with sb:
         result: ExecResult | None = None
+        error: SandboxrunError | None = None
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
 
@@ -113,8 +115,13 @@ async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult:
                             return
 
                 tg.start_soon(watch)
-                result = await sb.run_request(request)
+                try:
+                    result = await sb.run_request(request)
+                except SandboxrunError as exc:  # raised after the task group, unwrapped
+                    error = exc
                 tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
         if result is None:
             result = sb.last_result
         assert result is not None

@@ -1,7 +1,7 @@
 """Host side of the process-group runner (see ``sandboxrun/_runner.py`` for the protocol).
 
-One ``RunnerClient`` per process-group sandbox: it starts the runner, reads its messages in a
-background task and routes them to per-run ``Channel`` objects.
+One ``RunnerClient`` per process-group sandbox: it starts the runner, and routes the runner's
+messages to per-run ``Channel`` objects while callers wait (``wait_for``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
 
 from sandboxrun.errors import BackendError
 
@@ -47,11 +47,6 @@ class Channel:
     exited: dict[str, Any] | None = None
     terminated: dict[str, Any] | None = None
     lost: bool = False
-    changed: anyio.Event = field(default_factory=anyio.Event)
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
 
 
 class RunnerClient:
@@ -60,15 +55,17 @@ class RunnerClient:
         self._sock: socket.socket | None = None
         self._channels: dict[str, Channel] = {}
         self._send_lock = anyio.Lock()
-        self._ready = anyio.Event()
+        self._ready = False
         self._dead: str | None = None
         self._inbuf = b""
+        self._reading = False
+        self._activity = anyio.Event()
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    async def start(self, tg: TaskGroup) -> None:
+    async def start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = _spawn_runner(child)
@@ -79,43 +76,56 @@ class RunnerClient:
             child.close()
         parent.setblocking(False)
         self._sock = parent
-        tg.start_soon(self._read_loop)
         with anyio.move_on_after(READY_TIMEOUT_S):
-            await self._ready.wait()
-        if not self._ready.is_set() or self._dead:
+            await self.wait_for(lambda: self._ready)
+        if not self._ready or self._dead:
             await self.close()
             raise BackendError(f"the process-group runner did not start: {self._dead or 'timeout'}")
 
-    async def _read_loop(self) -> None:
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate()`` holds, reading and routing runner messages meanwhile.
+
+        There is no background reader: whichever waiter finds nobody reading becomes the
+        reader for one batch of messages, then everybody re-checks. Cancellation-safe: a
+        batch is received synchronously once the socket is readable."""
+        while not predicate() and not self._dead:
+            if self._reading:
+                await self._activity.wait()
+                continue
+            self._reading = True
+            try:
+                await self._read_batch()
+            finally:
+                self._reading = False
+                self._activity.set()
+                self._activity = anyio.Event()
+
+    async def _read_batch(self) -> None:
         assert self._sock is not None
+        await anyio.wait_readable(self._sock)
         try:
-            while True:
-                await anyio.wait_readable(self._sock)
-                try:
-                    data = self._sock.recv(1 << 16)
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    self._lose(f"runner connection failed: {exc}")
-                    return
-                if not data:
-                    self._lose("the runner exited unexpectedly")
-                    return
-                self._inbuf += data
-                while len(self._inbuf) >= HEADER.size:
-                    (size,) = HEADER.unpack_from(self._inbuf)
-                    if len(self._inbuf) < HEADER.size + size:
-                        break
-                    msg = json.loads(self._inbuf[HEADER.size : HEADER.size + size])
-                    self._inbuf = self._inbuf[HEADER.size + size :]
-                    self._dispatch(msg)
-        except OSError as exc:  # the socket was closed under us
-            self._lose(f"runner connection closed: {exc}")
+            data = self._sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lose(f"runner connection failed: {exc}")
+            return
+        if not data:
+            self._lose("the runner exited unexpectedly")
+            return
+        self._inbuf += data
+        while len(self._inbuf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._inbuf)
+            if len(self._inbuf) < HEADER.size + size:
+                break
+            msg = json.loads(self._inbuf[HEADER.size : HEADER.size + size])
+            self._inbuf = self._inbuf[HEADER.size + size :]
+            self._dispatch(msg)
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
         if op == "ready":
-            self._ready.set()
+            self._ready = True
             return
         channel = self._channels.get(msg.get("id", ""))
         if channel is None:
@@ -127,14 +137,11 @@ class RunnerClient:
         elif op == "terminated":
             channel.terminated = msg
             channel.exited = channel.exited or msg
-        channel.notify()
 
     def _lose(self, reason: str) -> None:
         self._dead = self._dead or reason
-        self._ready.set()
         for channel in self._channels.values():
             channel.lost = True
-            channel.notify()
 
     @property
     def dead(self) -> str | None:

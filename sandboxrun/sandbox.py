@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Self
@@ -61,7 +60,6 @@ class Sandbox:
         self._path_prepend = list(path_prepend)
         self._host_env = dict(os.environ if host_env is None else host_env)
         self._backend: backends.Backend | None = None
-        self._stack: AsyncExitStack | None = None
         self._warned: set[tuple[str, ...]] = set()
         self.fallback_reason: str | None = None
         self.last_result: ExecResult | None = None
@@ -76,22 +74,14 @@ class Sandbox:
 
     async def __aenter__(self) -> Self:
         backend, self.fallback_reason = backends.select(self._requested)
-        stack = AsyncExitStack()
         try:
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)
-            stack.push_async_callback(self._close_backend, backend)
-            await backend.open(tg)
+            await backend.open()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await stack.aclose()
+                await backend.close()
             raise
-        self._backend, self._stack = backend, stack
+        self._backend = backend
         return self
-
-    async def _close_backend(self, backend: backends.Backend) -> None:
-        with anyio.CancelScope(shield=True):
-            await backend.close()
 
     async def __aexit__(
         self,
@@ -99,9 +89,10 @@ class Sandbox:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        stack, self._stack, self._backend = self._stack, None, None
-        if stack is not None:
-            await stack.__aexit__(exc_type, exc, tb)
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            with anyio.CancelScope(shield=True):
+                await backend.close()
 
     def prepare(
         self,

@@ -38,10 +38,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
 
 
 def processes_with_arg(token: str) -> list[psutil.Process]:
-    """Live processes whose command line contains ``token`` (for commands that clear their env)."""
+    """Live processes with ``token`` as one whole argument (for commands that clear their env)."""
     found = []
     for proc in psutil.process_iter():
         with suppress(psutil.Error):
-            if proc.status() != psutil.STATUS_ZOMBIE and any(token in a for a in proc.cmdline()):
+            if proc.status() != psutil.STATUS_ZOMBIE and token in proc.cmdline():
                 found.append(proc)
     return found

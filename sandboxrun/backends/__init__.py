@@ -10,8 +10,6 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from anyio.abc import TaskGroup
-
 from sandboxrun.errors import ConfigError, SandboxUnavailableError
 from sandboxrun.models import BackendName, ExecResult
 from sandboxrun.process import RunFacts
@@ -37,8 +35,8 @@ class Backend(Protocol):
 
     name: BackendName
 
-    async def open(self, tg: TaskGroup) -> None:
-        """Acquire what the backend needs; ``tg`` lives until after ``close``."""
+    async def open(self) -> None:
+        """Acquire what the backend needs. A failure releases whatever was acquired."""
 
     def command(self, request: ExecRequest) -> list[str]:
         """The exact argv this backend would spawn for ``request`` (``--dry-run``)."""

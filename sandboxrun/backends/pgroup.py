@@ -19,7 +19,6 @@ from pathlib import Path
 
 import anyio
 import psutil
-from anyio.abc import TaskGroup
 
 from sandboxrun.argv import PATH_PREPEND_VAR, join_path_prepend, shell_argv
 from sandboxrun.backends import Probe
@@ -67,8 +66,7 @@ class _Run:
 
     async def wait_exit(self) -> int | None:
         channel = self._channel
-        while channel.exited is None and not channel.lost:
-            await channel.changed.wait()
+        await self._client.wait_for(lambda: channel.exited is not None or channel.lost)
         return None if channel.exited is None else channel.exited.get("status")
 
     async def terminate(self, grace_s: float) -> Termination:
@@ -81,8 +79,7 @@ class _Run:
         if channel.terminated is None and not channel.lost:
             with suppress(BackendError):
                 await self._client.terminate(channel.run_id, grace_s)
-        while channel.terminated is None and not channel.lost:
-            await channel.changed.wait()
+        await self._client.wait_for(lambda: channel.terminated is not None or channel.lost)
         done = channel.terminated
         if done is None:
             survivors = await sweep_marked(channel.run_id, grace_s)
@@ -161,8 +158,8 @@ class ProcessGroupBackend:
     def __init__(self) -> None:
         self._client = RunnerClient()
 
-    async def open(self, tg: TaskGroup) -> None:
-        await self._client.start(tg)
+    async def open(self) -> None:
+        await self._client.start()
 
     async def close(self) -> None:
         await self._client.close()
@@ -272,8 +269,7 @@ class ProcessGroupBackend:
         }
         await self._client.spawn(channel, message, stdio)
         with anyio.move_on_after(SPAWN_TIMEOUT_S):
-            while channel.spawned is None and not channel.lost:
-                await channel.changed.wait()
+            await self._client.wait_for(lambda: channel.spawned is not None or channel.lost)
         if channel.spawned is None:
             raise BackendError(self._client.dead or "the runner did not answer the spawn request")
         return channel.spawned if channel.spawned["op"] == "spawn_error" else None
