@@ -1,0 +1,139 @@
+"""Capture of one output stream: bounded head/tail in memory, the full stream spilled to disk.
+
+``StreamCapture.feed`` runs in the hot read loop: it does O(len(chunk)) work with no per-byte
+Python loops, and it never raises because of the spill file (errors land in ``spill_error``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from sandboxrun.errors import ConfigError
+from sandboxrun.output import HeadTailBuffer
+from sandboxrun.spill import SpillDir, SpillFile
+
+StreamName = Literal["stdout", "stderr"]
+Sink = Callable[[str, bytes], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReport:
+    """What a run produced on one stream; maps onto the ``stdout_*`` / ``stderr_*`` fields."""
+
+    text: str
+    total_bytes: int
+    dropped_bytes: int
+    truncated: bool
+    spill: str | None
+    spill_complete: bool
+
+
+class StreamCapture:
+    """Captures one stream: keeps ``max_output`` bytes in memory, spills up to ``spill_max``.
+
+    The spill file is opened the first time the stream outgrows ``max_output`` (when
+    ``spill_max > 0`` and ``spill_dir`` is given) and is seeded with everything seen so far, so
+    it always holds a prefix of the stream. ``sink``, if given, sees every non-empty chunk
+    before it is buffered; its exceptions propagate.
+    """
+
+    def __init__(
+        self,
+        name: StreamName,
+        max_output: int,
+        spill_max: int,
+        spill_dir: SpillDir | None,
+        sink: Sink | None = None,
+    ) -> None:
+        self.name: StreamName = name
+        self.spill_max = spill_max
+        self.spill_dir = spill_dir
+        self.spill_error: str | None = None
+        self._buffer = HeadTailBuffer(max_output)
+        self._max_output = max_output
+        self._sink = sink
+        self._spill: SpillFile | None = None
+        self._spilling = False  # a spill file is open and not yet full
+        self._overflowed = False
+        self._closed = False
+
+    @property
+    def total_bytes(self) -> int:
+        return self._buffer.total_bytes
+
+    def feed(self, chunk: bytes) -> None:
+        """Record ``chunk``; empty chunks are ignored (and not passed to the sink)."""
+        if not chunk:
+            return
+        if self._sink is not None:
+            self._sink(self.name, chunk)
+        if self._spilling:
+            self._buffer.feed(chunk)
+            self._spill_write(chunk)
+        elif self._overflowed or self._buffer.total_bytes + len(chunk) <= self._max_output:
+            self._buffer.feed(chunk)
+        else:
+            self._overflowed = True
+            seed = self._buffer.snapshot_bytes()
+            self._buffer.feed(chunk)
+            self._start_spill(seed, chunk)
+
+    def _start_spill(self, seed: bytes, chunk: bytes) -> None:
+        if self.spill_max <= 0 or self.spill_dir is None or self._closed:
+            return
+        try:
+            self._spill = self.spill_dir.open_file(self.name, self.spill_max)
+        except (OSError, ConfigError) as exc:
+            self.spill_error = f"cannot open spill file for {self.name}: {exc}"
+            return
+        self._spilling = True
+        self._spill_write(seed)
+        self._spill_write(chunk)
+
+    def _spill_write(self, data: bytes) -> None:
+        spill = self._spill
+        assert spill is not None
+        if not self._spilling:
+            return
+        try:
+            spill.write(data)
+        except OSError as exc:
+            self.spill_error = f"writing spill file {spill.path} failed: {exc}"
+            self._spilling = False
+            self._close_spill()
+            return
+        if spill.full:  # capped: nothing more will be written, release the descriptor now
+            self._spilling = False
+            self._close_spill()
+
+    def _close_spill(self) -> None:
+        if self._spill is None:
+            return
+        try:
+            self._spill.close()
+        except OSError as exc:
+            self.spill_error = self.spill_error or f"closing spill file failed: {exc}"
+
+    def close(self) -> None:
+        """Close the spill file (idempotent). Later chunks are still kept in memory."""
+        self._closed = True
+        self._spilling = False
+        self._close_spill()
+
+    def report(self) -> StreamReport:
+        """The rendered text, byte accounting and where the full stream can be found."""
+        rendered = self._buffer.render()
+        spill = self._spill
+        complete = not rendered.truncated or (
+            spill is not None and self.spill_error is None and spill.written == rendered.total_bytes
+        )
+        return StreamReport(
+            text=rendered.text,
+            total_bytes=rendered.total_bytes,
+            dropped_bytes=rendered.dropped_bytes,
+            truncated=rendered.truncated,
+            spill=str(spill.path) if spill is not None else None,
+            spill_complete=complete,
+        )
