@@ -309,7 +309,10 @@ class Runner:
     def tick(self) -> None:
         terminating = [r for r in self.runs.values() if r.phase is not None]
         now = time.monotonic()
-        if terminating or (self.runs and now - self.last_refresh >= REFRESH_S):
+        # With one run every orphan is its own: periodic walks only help attribution when
+        # several runs share the runner (a walk costs ~2 ms; it must not tax every exec).
+        periodic = len(self.runs) > 1 and now - self.last_refresh >= REFRESH_S
+        if terminating or periodic:
             self.last_refresh = now
             found = self.refresh()
             for run in terminating:
@@ -338,7 +341,7 @@ class Runner:
         listening = True
         while not (self.closing and not self.runs):
             busy = any(r.phase is not None for r in self.runs.values())
-            timeout = TICK_S if busy else (REFRESH_S if self.runs else None)
+            timeout = TICK_S if busy else (REFRESH_S if len(self.runs) > 1 else None)
             for key, _ in sel.select(timeout):
                 if key.fileobj is self.sock:
                     self.receive()

@@ -8,6 +8,7 @@ never splitting a UTF-8 code point at either side of the cut.
 from __future__ import annotations
 
 import codecs
+from collections import deque
 from dataclasses import dataclass
 
 _CONTINUATION_MIN = 0x80
@@ -34,24 +35,15 @@ class HeadTailBuffer:
     """Keeps the first ``max_output // 2`` and the last ``max_output - max_output // 2`` bytes.
 
     Until more than ``max_output`` bytes have been fed nothing is dropped and head + tail are
-    exactly the stream. The tail lives in a fixed ring allocated on first use, so ``feed`` never
-    allocates on the hot path and copies at most ``min(len(chunk), tail_cap)`` bytes. A ``bytes``
-    chunk of ``tail_cap`` to ``2 * tail_cap`` bytes is kept by reference instead of copied (it is
-    immutable): the common 64 KiB-read case then costs no copy at all, and memory stays below
-    ``max_output`` plus that one chunk.
+    exactly the stream. The tail is a deque of the most recent chunks, trimmed from the left as
+    soon as the chunks after the first one cover ``tail_cap``: ``feed`` is O(1) and copies nothing
+    in the steady state (the per-chunk cost decides flood throughput). Memory stays below
+    ``max_output`` plus one chunk; runs of tiny chunks are joined so their count stays bounded.
     """
 
-    __slots__ = (
-        "_head",
-        "_pos",
-        "_ref",
-        "_ring",
-        "_tail_len",
-        "_total",
-        "head_cap",
-        "max_output",
-        "tail_cap",
-    )
+    __slots__ = ("_chunks", "_head", "_tail_bytes", "_total", "head_cap", "max_output", "tail_cap")
+
+    _COMPACT_AT = 256
 
     def __init__(self, max_output: int) -> None:
         if max_output < 1:
@@ -60,10 +52,8 @@ class HeadTailBuffer:
         self.head_cap = max_output // 2
         self.tail_cap = max_output - self.head_cap
         self._head = bytearray()
-        self._ring = bytearray()  # becomes exactly tail_cap bytes on first use
-        self._pos = 0  # where the next tail byte goes in the ring (= the oldest byte once full)
-        self._tail_len = 0  # valid tail bytes (< tail_cap only before the ring first fills)
-        self._ref: bytes | None = None  # when set, the tail is the last tail_cap bytes of it
+        self._chunks: deque[bytes] = deque()
+        self._tail_bytes = 0  # bytes held in _chunks (may exceed tail_cap by < one chunk)
         self._total = 0
 
     @property
@@ -78,8 +68,8 @@ class HeadTailBuffer:
 
     @property
     def buffered_bytes(self) -> int:
-        """How many stream bytes are represented in memory (never more than ``max_output``)."""
-        return len(self._head) + self._tail_len
+        """How many stream bytes are represented (never more than ``max_output``)."""
+        return len(self._head) + min(self._tail_bytes, self.tail_cap)
 
     def feed(self, chunk: bytes | bytearray) -> None:
         """Append ``chunk`` (any size, possibly empty) to the stream; a bytearray is copied."""
@@ -87,61 +77,36 @@ class HeadTailBuffer:
         if n == 0:
             return
         self._total += n
-        data: bytes | bytearray | memoryview = chunk
         room = self.head_cap - len(self._head)
         if room > 0:
             if n <= room:
                 self._head += chunk
                 return
-            view = memoryview(chunk)
-            self._head += view[:room]
-            data = view[room:]
+            self._head += memoryview(chunk)[:room]
+            chunk = chunk[room:]
             n -= room
         cap = self.tail_cap
-        if n >= cap:
-            self._tail_len = cap
-            if type(chunk) is bytes and len(chunk) <= 2 * cap:
-                self._ref = chunk
-                return
-            self._ref = None
-            self._ring_ready()[:] = memoryview(data)[n - cap :]
-            self._pos = 0
+        if n >= cap:  # this chunk alone is the whole tail
+            self._chunks.clear()
+            self._chunks.append(bytes(chunk[n - cap :]) if n > 2 * cap else bytes(chunk))
+            self._tail_bytes = len(self._chunks[0])
             return
-        if self._ref is not None:
-            self._unref()
-        ring = self._ring_ready()
-        pos = self._pos
-        first = cap - pos
-        if n < first:
-            ring[pos : pos + n] = data
-            self._pos = pos + n
-        else:
-            view = memoryview(data)
-            ring[pos:] = view[:first]
-            ring[: n - first] = view[first:]
-            self._pos = n - first
-        if self._tail_len < cap:
-            self._tail_len = min(cap, self._tail_len + n)
-
-    def _ring_ready(self) -> bytearray:
-        if not self._ring:
-            self._ring = bytearray(self.tail_cap)
-        return self._ring
-
-    def _unref(self) -> None:
-        ref = self._ref
-        assert ref is not None
-        self._ring_ready()[:] = memoryview(ref)[len(ref) - self.tail_cap :]
-        self._pos = 0
-        self._ref = None
+        chunks = self._chunks
+        chunks.append(bytes(chunk))
+        held = self._tail_bytes + n
+        while held - len(chunks[0]) >= cap:
+            held -= len(chunks.popleft())
+        self._tail_bytes = held
+        if len(chunks) > self._COMPACT_AT:
+            joined = self._tail()
+            chunks.clear()
+            chunks.append(joined)
+            self._tail_bytes = len(joined)
 
     def _tail(self) -> bytes:
-        if self._ref is not None:
-            return self._ref[len(self._ref) - self.tail_cap :]
-        ring = self._ring
-        if self._tail_len < self.tail_cap:
-            return bytes(ring[: self._tail_len])
-        return bytes(ring[self._pos :]) + bytes(ring[: self._pos])
+        """The last ``tail_cap`` bytes held (fewer before that many were fed)."""
+        joined = b"".join(self._chunks)
+        return joined[len(joined) - self.tail_cap :] if len(joined) > self.tail_cap else joined
 
     def snapshot_bytes(self) -> bytes:
         """The whole stream so far; only valid while nothing has been dropped."""

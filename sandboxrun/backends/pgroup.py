@@ -18,6 +18,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import psutil
 
 from sandboxrun.argv import PATH_PREPEND_VAR, join_path_prepend, shell_argv
@@ -31,8 +32,10 @@ from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import SpillDir, default_spill_root
 
 MARKER_VAR = "SANDBOXRUN_RUN_ID"
-CHUNK = 1 << 20
+CHUNK = 64 * 1024
+"""Read size: reads above glibc's mmap threshold (128 KiB) cost an mmap+munmap each (4x slower)."""
 PIPE_SIZE = 1 << 20
+YIELD_EVERY = 16
 ISOLATION = ("own-session", "descendant-sweep")
 SPAWN_TIMEOUT_S = 10.0
 
@@ -99,17 +102,23 @@ class _Run:
                 tg.start_soon(self._write_stdin)
 
     async def _read(self, stream: tuple[int, StreamCapture]) -> None:
+        """Read first, wait only when the pipe is empty (a wait per chunk halves throughput);
+        yield to the event loop every few chunks so a flood cannot starve other tasks."""
         fd, capture = stream
+        reads = 0
         while True:
-            await anyio.wait_readable(fd)
             try:
                 data = os.read(fd, CHUNK)
             except BlockingIOError:
+                await anyio.wait_readable(fd)
                 continue
             if not data:
                 self._open.remove(stream)
                 return
             capture.feed(data)
+            reads += 1
+            if reads % YIELD_EVERY == 0:
+                await anyio.lowlevel.checkpoint()
 
     async def _write_stdin(self) -> None:
         assert self._stdin is not None

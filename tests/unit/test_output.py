@@ -196,9 +196,10 @@ def test_memory_never_exceeds_max_output(size: int) -> None:
         buf.feed(chunk[:size])
         assert buf.buffered_bytes <= 64
         assert len(buf._head) <= buf.head_cap
-        assert len(buf._ring) <= buf.tail_cap
-        # A referenced (immutable) chunk is at most twice the tail capacity.
-        assert buf._ref is None or len(buf._ref) <= 2 * buf.tail_cap
+        # The tail deque holds at most the tail plus (part of) one chunk, in few pieces.
+        assert buf._tail_bytes <= 2 * buf.tail_cap
+        assert buf._tail_bytes < buf.tail_cap + size + 1
+        assert len(buf._chunks) <= HeadTailBuffer._COMPACT_AT + 1
         assert buf.total_bytes == size * (i + 1)
 
 
