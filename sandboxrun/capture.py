@@ -51,6 +51,7 @@ class StreamCapture:
         self.spill_max = spill_max
         self.spill_dir = spill_dir
         self.spill_error: str | None = None
+        self.sink_error: str | None = None
         self._buffer = HeadTailBuffer(max_output)
         self._max_output = max_output
         self._sink = sink
@@ -68,7 +69,11 @@ class StreamCapture:
         if not chunk:
             return
         if self._sink is not None:
-            self._sink(self.name, chunk)
+            try:
+                self._sink(self.name, chunk)
+            except Exception as exc:  # a failing sink must not lose output or leak the run
+                self.sink_error = f"live sink for {self.name} failed and was dropped: {exc!r}"
+                self._sink = None
         if self._spilling:
             self._buffer.feed(chunk)
             self._spill_write(chunk)

@@ -69,7 +69,7 @@ async def supervise(
     """Run ``handle`` to its end. Never raises the caller's cancellation: it is returned in
     ``Supervision.cancel_exc`` after the cleanup, for the caller to re-raise."""
     sup = Supervision()
-    bound = grace_s + KILL_BUDGET_S + 2 * drain_s + 5.0
+    bound = 2 * grace_s + KILL_BUDGET_S + 2 * drain_s + 15.0  # backends' own fallbacks fit
     output_done = anyio.Event()
 
     async def pump() -> None:
@@ -189,6 +189,9 @@ def finish_result(
     """Assemble an ``ExecResult`` (also for runs that never started)."""
     term = termination or Termination()
     out, err = stdout.report(), stderr.report()
+    notes = [n for c in (stdout, stderr) for n in (c.spill_error, c.sink_error) if n]
+    if notes:
+        error = "; ".join([error, *notes] if error else notes)
     return ExecResult(
         status=status,
         exit_code=exit_code,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import psutil
 
 from sandboxrun.argv import PATH_PREPEND_VAR, join_path_prepend, shell_argv
@@ -26,7 +27,14 @@ from sandboxrun.backends import Probe
 from sandboxrun.capture import StreamCapture
 from sandboxrun.errors import BackendError
 from sandboxrun.models import BackendName, ExecResult
-from sandboxrun.process import RunFacts, Termination, build_result, finish_result, supervise
+from sandboxrun.process import (
+    KILL_BUDGET_S,
+    RunFacts,
+    Termination,
+    build_result,
+    finish_result,
+    supervise,
+)
 from sandboxrun.runner_client import Channel, RunnerClient
 from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import SpillDir, default_spill_root
@@ -38,6 +46,7 @@ PIPE_SIZE = 1 << 20
 YIELD_EVERY = 16
 ISOLATION = ("own-session", "descendant-sweep")
 SPAWN_TIMEOUT_S = 10.0
+ANSWER_MARGIN_S = 5.0
 
 
 def probe_pgroup() -> Probe:
@@ -69,7 +78,9 @@ class _Run:
 
     async def wait_exit(self) -> int | None:
         channel = self._channel
-        await self._client.wait_for(lambda: channel.exited is not None or channel.lost)
+        if self._termination is None or channel.terminated is not None:
+            await self._client.wait_for(lambda: channel.exited is not None or channel.lost)
+        # else: the runner failed to terminate; the marker sweep was the fallback, no status
         return None if channel.exited is None else channel.exited.get("status")
 
     async def terminate(self, grace_s: float) -> Termination:
@@ -82,11 +93,13 @@ class _Run:
         if channel.terminated is None and not channel.lost:
             with suppress(BackendError):
                 await self._client.terminate(channel.run_id, grace_s)
-        await self._client.wait_for(lambda: channel.terminated is not None or channel.lost)
+        with anyio.move_on_after(grace_s + KILL_BUDGET_S + ANSWER_MARGIN_S):
+            await self._client.wait_for(lambda: channel.terminated is not None or channel.lost)
         done = channel.terminated
-        if done is None:
-            survivors = await sweep_marked(channel.run_id, grace_s)
-            return Termination(survivors=survivors, error=self._client.dead)
+        if done is None:  # the runner died or does not answer: find the run by its marker
+            survivors = await anyio.to_thread.run_sync(sweep_marked, channel.run_id, grace_s)
+            reason = self._client.dead or "the runner did not answer the terminate request"
+            return Termination(survivors=survivors, error=reason)
         rss = done.get("maxrss_kb")
         return Termination(
             survivors=int(done["survivors"]),
@@ -137,7 +150,7 @@ class _Run:
         self._stdin = None
 
 
-async def sweep_marked(run_id: str, grace_s: float) -> int:
+def sweep_marked(run_id: str, grace_s: float) -> int:
     """Last resort when the runner is gone: find the run's processes by their environment
     marker, TERM, grace, KILL. Returns how many are still alive."""
 
