@@ -253,3 +253,43 @@ def clean(
     removed = prune(root, older_than * 3600) if root.is_dir() else []
     noun = "directory" if len(removed) == 1 else "directories"
     sys.stdout.write(f"removed {len(removed)} spill {noun}\n")
+
+
+image_app = typer.Typer(no_args_is_help=True, help="Build sandbox images (offline too).")
+app.add_typer(image_app, name="image")
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(f"  {line}\n")
+    sys.stderr.flush()
+
+
+@image_app.command("bootstrap")
+def image_bootstrap(force: Annotated[bool, typer.Option("--force")] = False) -> None:
+    """Debootstrap Debian from the host's apt sources and import it (no registry needed)."""
+    from sandboxrun import images
+
+    try:
+        tag = images.bootstrap(_progress, force=force)
+    except InputError as exc:
+        raise fail(EXIT_USAGE, str(exc)) from None
+    except (SandboxUnavailableError, BackendError) as exc:
+        raise fail(EXIT_SANDBOX, str(exc)) from None
+    sys.stdout.write(tag + "\n")
+
+
+@image_app.command("build")
+def image_build(
+    base: Annotated[str | None, typer.Option("--base", help="BASE_IMAGE build argument")] = None,
+    force: Annotated[bool, typer.Option("--force")] = False,
+) -> None:
+    """Build images/base as sandboxrun/base:<version> and :latest."""
+    from sandboxrun import images
+
+    try:
+        tag = images.build(_progress, base=base, force=force)
+    except InputError as exc:
+        raise fail(EXIT_USAGE, str(exc)) from None
+    except (SandboxUnavailableError, BackendError) as exc:
+        raise fail(EXIT_SANDBOX, str(exc)) from None
+    sys.stdout.write(tag + "\n")
