@@ -164,8 +164,6 @@ def run(
     try:
         if shell and len(command) != 1:
             raise InputError("--shell takes exactly one COMMAND string (quote the script)")
-        if (image is not None or user is not None) and backend != "docker":
-            raise InputError("--image and --user need --backend docker (issue #3)")
         limits = Limits(
             timeout_s=timeout if timeout is not None else Limits().timeout_s,
             grace_s=grace,
@@ -184,6 +182,8 @@ def run(
             pass_env=pass_env or [],
             pass_proxy=pass_proxy,
             path_prepend=path_prepend or [],
+            image=image,
+            user=user,
         )
         request = sb.prepare(
             None if shell else command,
@@ -193,8 +193,8 @@ def run(
             sink=None if json_out else live_sink(),
         )
         if dry_run:
-            chosen, _ = backends.select(backend)
-            sys.stdout.write(quote_argv(chosen.command(request)) + "\n")
+            chosen, _ = sb.choose_backend()
+            sys.stdout.write(quote_argv(chosen.describe(request)) + "\n")
             raise typer.Exit(0)
         result = anyio.run(_execute, sb, request)
     except ValidationError as exc:

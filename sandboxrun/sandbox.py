@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Self
 
 import anyio
+import anyio.to_thread
 
 from sandboxrun import backends
 from sandboxrun.argv import join_path_prepend, validate_argv
@@ -49,6 +50,8 @@ class Sandbox:
         pass_proxy: bool = False,
         path_prepend: Sequence[str] = (),
         host_env: Mapping[str, str] | None = None,
+        image: str | None = None,
+        user: str | None = None,
     ) -> None:
         self.workspace = Workspace.open(workspace)
         self.policy = policy or Policy()
@@ -61,6 +64,8 @@ class Sandbox:
         self._host_env = dict(os.environ if host_env is None else host_env)
         self._backend: backends.Backend | None = None
         self._warned: set[tuple[str, ...]] = set()
+        self.image = image
+        self.user = user
         self.fallback_reason: str | None = None
         self.last_result: ExecResult | None = None
         if backend != "auto":
@@ -72,8 +77,21 @@ class Sandbox:
             raise RuntimeError("the Sandbox is not open: use `async with Sandbox(...) as sb`")
         return self._backend
 
+    def context(self) -> backends.Context:
+        return backends.Context(self.workspace, self.policy, self.limits, self.image, self.user)
+
+    def choose_backend(self) -> tuple[backends.Backend, str | None]:
+        """Probe and create (not open) the backend; refuse docker-only options elsewhere."""
+        backend, reason = backends.select(self._requested, self.context())
+        if (self.image is not None or self.user is not None) and backend.name != "docker":
+            why = f" ({reason})" if reason else ""
+            raise ConfigError(
+                f"--image and --user need the docker backend, not {backend.name}{why}"
+            )
+        return backend, reason
+
     async def __aenter__(self) -> Self:
-        backend, self.fallback_reason = backends.select(self._requested)
+        backend, self.fallback_reason = await anyio.to_thread.run_sync(self.choose_backend)
         try:
             await backend.open()
         except BaseException:

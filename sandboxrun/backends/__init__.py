@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sandboxrun.errors import ConfigError, SandboxUnavailableError
-from sandboxrun.models import BackendName, ExecResult
+from sandboxrun.models import BackendName, ExecResult, Limits, Policy
+from sandboxrun.paths import Workspace
 from sandboxrun.process import RunFacts
 from sandboxrun.spec import ExecRequest
 
@@ -39,7 +40,10 @@ class Backend(Protocol):
         """Acquire what the backend needs. A failure releases whatever was acquired."""
 
     def command(self, request: ExecRequest) -> list[str]:
-        """The exact argv this backend would spawn for ``request`` (``--dry-run``)."""
+        """The argv of the command itself as this backend spawns it (``ExecResult.argv``)."""
+
+    def describe(self, request: ExecRequest) -> list[str]:
+        """The whole argv that would run ``request`` (``--dry-run``), secrets redacted."""
 
     def isolation(self, request: ExecRequest) -> list[str]:
         """The guarantees that would really be enforced for ``request``."""
@@ -55,23 +59,41 @@ class Backend(Protocol):
         """Release everything; bounded, safe to call twice."""
 
 
-def probe(name: BackendName) -> Probe:
+@dataclass(frozen=True)
+class Context:
+    """What a backend is created for: one sandbox's workspace, policy, limits and options."""
+
+    workspace: Workspace
+    policy: Policy
+    limits: Limits
+    image: str | None = None
+    user: str | None = None
+
+
+def probe(name: BackendName, image: str | None = None) -> Probe:
     if name == "process-group":
         from sandboxrun.backends.pgroup import probe_pgroup
 
         return probe_pgroup()
     if name == "docker":
-        return Probe("docker", False, "the docker backend is not implemented yet (issue #3)", ())
+        from sandboxrun.backends.docker import probe_docker
+        from sandboxrun.images import BASE_IMAGE
+
+        return probe_docker(image or BASE_IMAGE)
     return Probe(
         "systemd-scope", False, "the systemd-scope backend is not implemented yet (issue #4)", ()
     )
 
 
-def create(name: BackendName) -> Backend:
+def create(name: BackendName, ctx: Context) -> Backend:
     if name == "process-group":
         from sandboxrun.backends.pgroup import ProcessGroupBackend
 
         return ProcessGroupBackend()
+    if name == "docker":
+        from sandboxrun.backends.docker import DockerBackend
+
+        return DockerBackend(ctx.workspace, ctx.policy, ctx.limits, ctx.image, ctx.user)
     raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
 
 
@@ -82,21 +104,21 @@ def check_name(requested: str) -> BackendName:
     raise ConfigError(f"unknown backend {requested!r}: expected auto, {', '.join(ORDER)}")
 
 
-def select(requested: str) -> tuple[Backend, str | None]:
+def select(requested: str, ctx: Context) -> tuple[Backend, str | None]:
     """The backend to use and, under ``auto``, why better ones were skipped (else None)."""
     if requested != "auto":
         name = check_name(requested)
-        result = probe(name)
+        result = probe(name, ctx.image)
         if not result.available:
             raise SandboxUnavailableError(name, result.reason or "unavailable")
-        return create(name), None
+        return create(name, ctx), None
     skipped: list[str] = []
     for name in ORDER:
-        result = probe(name)
+        result = probe(name, ctx.image)
         if result.available:
             reason = "; ".join(skipped) or None
             if reason:
                 log.warning("sandboxrun: falling back to %s: %s", name, reason)
-            return create(name), reason
+            return create(name, ctx), reason
         skipped.append(f"{name}: {result.reason}")
     raise SandboxUnavailableError("auto", "; ".join(skipped))

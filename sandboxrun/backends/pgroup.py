@@ -209,6 +209,9 @@ class ProcessGroupBackend:
         )
         return shell_argv(request.script, shell=shell or "/bin/sh")
 
+    def describe(self, request: ExecRequest) -> list[str]:
+        return self.command(request)
+
     async def exec(
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:

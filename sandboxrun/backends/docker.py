@@ -1,0 +1,214 @@
+"""The docker backend: one hardened, workspace-mapped container per ``Sandbox``; many execs.
+
+Lifecycle calls retry transient engine failures and have deadlines (``dockerapi``); execs go
+through the Engine API (create/start on the raw socket, exit code from exec inspect) and the
+multiplexed stream is demultiplexed here (``demux``). Docker cannot kill an exec, so the exec's
+processes are found by their ``SANDBOXRUN_RUN_ID`` marker and their descendants, on this host's
+/proc when the engine is local (fast, ~3 ms), else by an in-container sweep exec, and receive
+TERM, grace, KILL until none is left (``docker_run``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import suppress
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import docker.errors
+from docker import DockerClient
+
+from sandboxrun import dockerapi
+from sandboxrun.argv import join_path_prepend, shell_argv, wrapped_argv
+from sandboxrun.backends import Probe
+from sandboxrun.backends import docker_config as cfg
+from sandboxrun.backends.docker_run import DockerRun
+from sandboxrun.capture import StreamCapture
+from sandboxrun.errors import BackendError
+from sandboxrun.images import BASE_IMAGE
+from sandboxrun.models import BackendName, ExecResult, Limits, Policy
+from sandboxrun.paths import CONTAINER_ROOT, Workspace
+from sandboxrun.process import RunFacts, build_result, finish_result, supervise
+from sandboxrun.proctree import MARKER_VAR
+from sandboxrun.spec import ExecRequest
+from sandboxrun.spill import SpillDir, default_spill_root
+
+ISOLATION = ("container", "descendant-sweep", "read-only-root", "network-none", "non-root")
+REMOVE_TIMEOUT_S = 30.0
+
+
+def probe_docker(image: str = BASE_IMAGE) -> Probe:
+    try:
+        client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
+    except Exception as exc:  # any failure to reach the engine is a reason to fall back
+        return Probe("docker", False, str(exc), ())
+    try:
+        client.api.inspect_image(image)  # type: ignore[no-untyped-call]
+    except docker.errors.NotFound:
+        return Probe(
+            "docker",
+            False,
+            f"image {image} not found (build it: sandboxrun image bootstrap && "
+            "sandboxrun image build)",
+            (),
+        )
+    except Exception as exc:
+        return Probe("docker", False, f"cannot inspect image {image}: {exc}", ())
+    finally:
+        client.close()
+    return Probe("docker", True, None, ISOLATION)
+
+
+def engine_socket() -> str | None:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return host.removeprefix("unix://") if host.startswith("unix://") else None
+
+
+class DockerBackend:
+    name: BackendName = "docker"
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        policy: Policy,
+        limits: Limits,
+        image: str | None,
+        user: str | None,
+    ) -> None:
+        cfg.check_workspace(workspace.root, engine_socket())
+        self.workspace = workspace
+        self.policy = policy
+        self.limits = limits
+        self.image = image or BASE_IMAGE
+        self.user = cfg.parse_user(user)
+        self.shell = "bash" if image is None else "sh"
+        self.client: DockerClient | None = None
+        self.container_id: str | None = None
+        self.local = False
+        self.recycle_needed = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def open(self) -> None:
+        await anyio.to_thread.run_sync(self._open_sync)
+
+    def _open_sync(self) -> None:
+        self.client = dockerapi.connect()
+        api = self.client.api
+        config = cfg.host_config(
+            workspace=self.workspace.root,
+            policy=self.policy,
+            limits=self.limits,
+            image=self.image,
+            user=self.user,
+            lbls=cfg.labels(self.workspace.root),
+        )
+        host = api.create_host_config(**config.pop("host_config"))
+        created = dockerapi.once(
+            lambda: api.create_container(host_config=host, **config),
+            what="create the sandbox container",
+        )
+        cid = self.container_id = str(created["Id"])
+        dockerapi.retrying(lambda: api.start(cid), what="start the sandbox container")
+        state = self.inspect_state()
+        if not state.get("Running"):
+            raise BackendError(f"the sandbox container did not start: {state}")
+        pid = int(state.get("Pid") or 0)
+        self.local = pid > 0 and os.access(f"/proc/{pid}/environ", os.R_OK)
+
+    def inspect_state(self) -> dict[str, Any]:
+        client, cid = self.client, self.container_id
+        assert client is not None and cid is not None
+        info = dockerapi.retrying(
+            lambda: client.api.inspect_container(cid), what="inspect the sandbox container"
+        )
+        return dict(info.get("State") or {})
+
+    async def close(self) -> None:
+        with anyio.move_on_after(REMOVE_TIMEOUT_S):
+            await anyio.to_thread.run_sync(self._close_sync)
+
+    def _close_sync(self) -> None:
+        client, cid = self.client, self.container_id
+        self.container_id = None
+        if client is not None and cid is not None:
+            with suppress(docker.errors.NotFound):
+                dockerapi.retrying(
+                    lambda: client.api.remove_container(cid, force=True, v=True),
+                    what="remove the sandbox container",
+                )
+        if client is not None:
+            client.close()
+            self.client = None
+
+    # -- commands ---------------------------------------------------------------------------
+    def isolation(self, request: ExecRequest) -> list[str]:
+        return cfg.isolation(self.policy, self.limits, self.user)
+
+    def command(self, request: ExecRequest) -> list[str]:
+        if request.script is not None:
+            return shell_argv(request.script, shell=self.shell)
+        assert request.argv is not None
+        return wrapped_argv(request.argv, shell=self.shell)
+
+    def env(self, request: ExecRequest) -> dict[str, str]:
+        prepend = join_path_prepend(request.path_prepend) if request.path_prepend else ""
+        return cfg.exec_env(request.env, marker=(MARKER_VAR, request.run_id), prepend=prepend)
+
+    def workdir(self, request: ExecRequest) -> str:
+        return str(CONTAINER_ROOT / request.workdir_rel)
+
+    def describe(self, request: ExecRequest) -> list[str]:
+        return cfg.docker_exec_argv(
+            self.container_id or "<sandbox-container>",
+            self.command(request),
+            env=self.env(request),
+            workdir=self.workdir(request),
+            user=self.user,
+            interactive=request.stdin is not None,
+        )
+
+    async def exec(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        if self.recycle_needed:  # a previous exec left something unkillable: start afresh
+            await self.close()
+            self.recycle_needed = False
+            await self.open()
+        assert self.client is not None and self.container_id is not None
+        started = time.monotonic()
+        limits = request.limits
+        spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
+        out = StreamCapture("stdout", limits.max_output, limits.spill_max, spill, request.sink)
+        err = StreamCapture("stderr", limits.max_output, limits.spill_max, spill, request.sink)
+        run = DockerRun(self, request, out, err)
+        try:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await run.start()
+                except BackendError as exc:
+                    result = finish_result(
+                        facts,
+                        status="sandbox_error",
+                        stdout=out,
+                        stderr=err,
+                        duration_s=time.monotonic() - started,
+                        error=str(exc),
+                    )
+                    return result, None
+            sup = await supervise(
+                run,
+                timeout_s=request.timeout_s,
+                grace_s=limits.grace_s,
+                drain_s=limits.drain_s,
+                started=started,
+            )
+            result = build_result(facts, sup, out, err)
+            with anyio.CancelScope(shield=True):
+                result = await run.classify(result)
+        finally:
+            run.close()
+            out.close()
+            err.close()
+        return result, sup.cancel_exc

@@ -1,0 +1,252 @@
+"""One exec in the sandbox container, as the ``RunHandle`` that ``process.supervise`` drives."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from sandboxrun import dockerapi, proctree
+from sandboxrun.backends import docker_config as cfg
+from sandboxrun.capture import StreamCapture
+from sandboxrun.demux import FrameDecoder, FrameError
+from sandboxrun.errors import BackendError
+from sandboxrun.models import ExecResult
+from sandboxrun.process import KILL_BUDGET_S, Termination
+from sandboxrun.spec import ExecRequest
+
+if TYPE_CHECKING:
+    from sandboxrun.backends.docker import DockerBackend
+
+CHUNK = 64 * 1024
+YIELD_EVERY = 16
+POLL_S = 0.25
+SWEEP_TICK_S = 0.05
+
+
+def wait_status_from_exit_code(code: int | None) -> int | None:
+    """The engine reports a signal death as 128+N: turn it into a raw wait status."""
+    if code is None or code < 0:
+        return None
+    if 128 < code < 128 + 65:
+        return code - 128
+    return (code & 0xFF) << 8
+
+
+class DockerRun:
+    def __init__(
+        self, backend: DockerBackend, request: ExecRequest, out: StreamCapture, err: StreamCapture
+    ) -> None:
+        self.backend = backend
+        self.request = request
+        self.captures = {"stdout": out, "stderr": err}
+        self.decoder = FrameDecoder(lambda name, data: self.captures[name].feed(data))
+        self.exec_id = ""
+        self.sock: socket.socket | None = None
+        self.keep: Any = None  # docker-py's socket wrapper, kept alive with the socket
+        self.eof = False
+        self.eof_event = anyio.Event()
+        self.stream_error: str | None = None
+        self.exit_info: dict[str, Any] | None = None
+        self.termination: Termination | None = None
+        self.stdin_left = request.stdin
+
+    @property
+    def api(self) -> Any:
+        assert self.backend.client is not None
+        return self.backend.client.api
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self._start_sync)
+
+    def _start_sync(self) -> None:
+        backend, request = self.backend, self.request
+        created = dockerapi.once(
+            lambda: self.api.exec_create(
+                backend.container_id,
+                backend.command(request),
+                stdin=request.stdin is not None,
+                environment=backend.env(request),
+                workdir=backend.workdir(request),
+                user=backend.user,
+            ),
+            what="exec create",
+        )
+        self.exec_id = str(created["Id"])
+        self.keep = dockerapi.once(
+            lambda: self.api.exec_start(self.exec_id, socket=True), what="exec start"
+        )
+        raw = getattr(self.keep, "_sock", self.keep)
+        if not isinstance(raw, socket.socket):
+            raise BackendError(f"docker: unexpected exec stream object {type(raw).__name__}")
+        raw.setblocking(False)
+        self.sock = raw
+
+    # -- output -----------------------------------------------------------------------------
+    async def pump(self) -> None:
+        async with anyio.create_task_group() as tg:
+            if not self.eof:
+                tg.start_soon(self._read)
+            if self.stdin_left is not None:
+                tg.start_soon(self._write_stdin)
+
+    async def _read(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        reads = 0
+        while True:
+            try:
+                data = sock.recv(CHUNK)
+            except BlockingIOError:
+                await anyio.wait_readable(sock)
+                continue
+            except OSError as exc:
+                self.stream_error = f"exec stream failed: {exc}"
+                data = b""
+            if not data:
+                self.eof = True
+                self.eof_event.set()
+                if self.decoder.mid_frame:
+                    self.stream_error = "the exec stream ended inside a frame"
+                return
+            try:
+                self.decoder.feed(data)
+            except FrameError as exc:
+                self.stream_error = str(exc)
+                self.eof = True
+                self.eof_event.set()
+                return
+            reads += 1
+            if reads % YIELD_EVERY == 0:
+                await anyio.lowlevel.checkpoint()
+
+    async def _write_stdin(self) -> None:
+        sock, data = self.sock, self.stdin_left
+        assert sock is not None and data is not None
+        view = memoryview(data)
+        with suppress(OSError):
+            while view:
+                await anyio.wait_writable(sock)
+                try:
+                    view = view[sock.send(view) :]
+                except BlockingIOError:
+                    continue
+            sock.shutdown(socket.SHUT_WR)
+        self.stdin_left = None
+
+    # -- exit -------------------------------------------------------------------------------
+    async def wait_exit(self) -> int | None:
+        """The stream ends when the exec's output closes; a child holding it keeps it open, so
+        the exec is also polled (the main process may have exited long before)."""
+        while self.exit_info is None:
+            with anyio.move_on_after(POLL_S):
+                await self.eof_event.wait()
+            info = await anyio.to_thread.run_sync(self._inspect)
+            if not info.get("Running"):
+                self.exit_info = info
+            elif self.eof:
+                await anyio.sleep(0.01)  # the stream closed just before the exit was recorded
+        return wait_status_from_exit_code(self.exit_info.get("ExitCode"))
+
+    def _inspect(self) -> dict[str, Any]:
+        try:
+            return dict(
+                dockerapi.once(lambda: self.api.exec_inspect(self.exec_id), what="exec inspect")
+            )
+        except BackendError as exc:
+            return {"Running": False, "ExitCode": None, "Error": str(exc)}
+
+    # -- termination ------------------------------------------------------------------------
+    async def terminate(self, grace_s: float) -> Termination:
+        if self.termination is None:
+            self.termination = await self._terminate(grace_s)
+        return self.termination
+
+    async def _terminate(self, grace_s: float) -> Termination:
+        """TERM (+CONT) everything of the exec, count until the grace ends, then KILL until
+        nothing is left or the kill budget is spent (then the container is recycled)."""
+        alive = await self._sweep("TERM")
+        deadline = time.monotonic() + grace_s
+        while alive and time.monotonic() < deadline:
+            await anyio.sleep(SWEEP_TICK_S)
+            alive = await self._sweep("0")
+        deadline = time.monotonic() + KILL_BUDGET_S
+        while alive and time.monotonic() < deadline:
+            alive = await self._sweep("KILL")
+            if alive:
+                await anyio.sleep(SWEEP_TICK_S)
+                alive = await self._sweep("0")
+        if alive:
+            self.backend.recycle_needed = True
+            return Termination(survivors=alive, error=f"{alive} process(es) could not be killed")
+        return Termination()
+
+    async def _sweep(self, sig: str) -> int:
+        """Signal the exec's processes (``"0"``: only count them); return how many are alive."""
+        if self.backend.local:
+            procs = proctree.members(self.request.run_id)
+            if sig != "0":
+                proctree.signal_all(procs, signal.Signals[f"SIG{sig}"])
+            return len(procs)
+        return await anyio.to_thread.run_sync(self._sweep_in_container, sig)
+
+    def _sweep_in_container(self, sig: str) -> int:
+        api, cid = self.api, self.backend.container_id
+        try:
+            created = dockerapi.once(
+                lambda: api.exec_create(
+                    cid, cfg.sweep_argv(self.request.run_id, sig), user=self.backend.user
+                ),
+                what="sweep exec create",
+            )
+            output = dockerapi.once(lambda: api.exec_start(created["Id"]), what="sweep exec start")
+            return int(output.decode().strip().splitlines()[-1])
+        except (BackendError, ValueError, IndexError):
+            return 0 if not self._container_running() else 1
+
+    def _container_running(self) -> bool:
+        try:
+            return bool(self.backend.inspect_state().get("Running"))
+        except BackendError:
+            return False
+
+    # -- result -----------------------------------------------------------------------------
+    async def classify(self, result: ExecResult) -> ExecResult:
+        """Container death and OOM are facts of the container, not of the exec's exit code."""
+        state = await anyio.to_thread.run_sync(self._state_or_empty)
+        update: dict[str, Any] = {}
+        if not state.get("Running"):
+            update = {
+                "status": "sandbox_error",
+                "error": "the sandbox container stopped or was removed during the exec "
+                f"(state: {state.get('Status', 'gone')})",
+            }
+            self.backend.recycle_needed = True
+        elif result.signal == "SIGKILL" and state.get("OOMKilled"):
+            update = {"status": "oom_killed"}
+        elif self.stream_error and result.status == "completed":
+            update = {"status": "sandbox_error", "error": self.stream_error}
+        elif self.exit_info is not None and self.exit_info.get("ExitCode") is None:
+            update = {"status": "sandbox_error", "error": "the engine lost the exec's exit code"}
+        return result.model_copy(update=update) if update else result
+
+    def _state_or_empty(self) -> dict[str, Any]:
+        try:
+            return self.backend.inspect_state()
+        except BackendError:
+            return {}
+
+    def close(self) -> None:
+        if self.sock is not None:
+            with suppress(OSError):
+                self.sock.close()
+        if self.keep is not None:
+            with suppress(Exception):
+                self.keep.close()
+        self.sock = None

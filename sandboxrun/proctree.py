@@ -1,0 +1,76 @@
+"""Finding and signalling the processes of one run on this host's /proc, by environment marker.
+
+Used by the docker backend when the engine is local (the exec's processes are visible in our
+/proc): every process whose environment carries ``SANDBOXRUN_RUN_ID=<id>``, plus all their
+descendants (a child that cleared its environment is still found through its parent).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+MARKER_VAR = "SANDBOXRUN_RUN_ID"
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    state: str
+    start: int
+
+
+def read_proc(pid: int) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123 - hot path
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    return Proc(pid, int(fields[1]), fields[0].decode(), int(fields[19]))
+
+
+def has_marker(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:  # noqa: PTH123 - hot path
+            return needle in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def members(run_id: str) -> list[Proc]:
+    """Live (non-zombie) processes of the run: marked ones and all their descendants."""
+    needle = f"{MARKER_VAR}={run_id}".encode()
+    table: dict[int, Proc] = {}
+    for name in os.listdir("/proc"):  # noqa: PTH208 - hot path
+        if name.isdigit():
+            proc = read_proc(int(name))
+            if proc is not None:
+                table[proc.pid] = proc
+    found = {pid for pid in table if has_marker(pid, needle)}
+    children: dict[int, list[int]] = {}
+    for proc in table.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return [table[pid] for pid in found if table[pid].state not in ("Z", "X")]
+
+
+def signal_all(procs: list[Proc], sig: int) -> None:
+    """Signal each process if it is still the same process (start time unchanged)."""
+    for proc in procs:
+        current = read_proc(proc.pid)
+        if current is None or current.start != proc.start:
+            continue
+        try:
+            os.kill(proc.pid, sig)
+            if sig == signal.SIGTERM:
+                os.kill(proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
