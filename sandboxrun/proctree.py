@@ -40,19 +40,48 @@ def has_marker(pid: int, needle: bytes) -> bool:
         return False
 
 
-def members(run_id: str) -> list[Proc]:
-    """Live (non-zombie) processes of the run: marked ones and all their descendants."""
-    needle = f"{MARKER_VAR}={run_id}".encode()
+def marker_of(pid: int) -> str | None:
+    """The run id in a process's environment marker, or None (none, or unreadable)."""
+    prefix = f"{MARKER_VAR}=".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:  # noqa: PTH123 - hot path
+            for item in f.read().split(b"\0"):
+                if item.startswith(prefix):
+                    return item[len(prefix) :].decode(errors="replace")
+    except OSError:
+        pass
+    return None
+
+
+def process_table() -> dict[int, Proc]:
     table: dict[int, Proc] = {}
     for name in os.listdir("/proc"):  # noqa: PTH208 - hot path
         if name.isdigit():
             proc = read_proc(int(name))
             if proc is not None:
                 table[proc.pid] = proc
-    found = {pid for pid in table if has_marker(pid, needle)}
+    return table
+
+
+def members(
+    run_id: str, *, init_pid: int | None = None, keep: frozenset[int] = frozenset()
+) -> list[Proc]:
+    """Live (non-zombie) processes of the run: marked ones, and all their descendants.
+
+    With ``init_pid`` (a container's init, which inherits every orphan of every exec), the
+    init's children that carry no marker, or this run's, are the run's too (a daemon that
+    cleared its environment and double-forked); children in ``keep`` (the container's own
+    main process) and those marked by another run are not."""
+    needle = f"{MARKER_VAR}={run_id}".encode()
+    table = process_table()
     children: dict[int, list[int]] = {}
     for proc in table.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
+    found = {pid for pid in table if has_marker(pid, needle)}
+    if init_pid is not None:
+        for pid in children.get(init_pid, []):
+            if pid not in keep and marker_of(pid) in (None, run_id):
+                found.add(pid)
     stack = list(found)
     while stack:
         for child in children.get(stack.pop(), []):

@@ -20,7 +20,7 @@ import anyio.to_thread
 import docker.errors
 from docker import DockerClient
 
-from sandboxrun import dockerapi
+from sandboxrun import dockerapi, proctree
 from sandboxrun.argv import join_path_prepend, shell_argv, wrapped_argv
 from sandboxrun.backends import Probe
 from sandboxrun.backends import docker_config as cfg
@@ -87,6 +87,8 @@ class DockerBackend:
         self.client: DockerClient | None = None
         self.container_id: str | None = None
         self.local = False
+        self.init_pid: int | None = None
+        self.keep: frozenset[int] = frozenset()
         self.recycle_needed = False
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -116,6 +118,9 @@ class DockerBackend:
             raise BackendError(f"the sandbox container did not start: {state}")
         pid = int(state.get("Pid") or 0)
         self.local = pid > 0 and os.access(f"/proc/{pid}/environ", os.R_OK)
+        if self.local:  # the init's children now are the container's own main process
+            self.init_pid = pid
+            self.keep = frozenset(p.pid for p in proctree.process_table().values() if p.ppid == pid)
 
     def inspect_state(self) -> dict[str, Any]:
         client, cid = self.client, self.container_id

@@ -55,6 +55,7 @@ class DockerRun:
         self.stream_error: str | None = None
         self.exit_info: dict[str, Any] | None = None
         self.termination: Termination | None = None
+        self.termed: set[tuple[int, int]] = set()
         self.stdin_left = request.stdin
 
     @property
@@ -144,14 +145,16 @@ class DockerRun:
     async def wait_exit(self) -> int | None:
         """The stream ends when the exec's output closes; a child holding it keeps it open, so
         the exec is also polled (the main process may have exited long before)."""
+        pause = 0.01
         while self.exit_info is None:
             with anyio.move_on_after(POLL_S):
                 await self.eof_event.wait()
             info = await anyio.to_thread.run_sync(self._inspect)
             if not info.get("Running"):
                 self.exit_info = info
-            elif self.eof:
-                await anyio.sleep(0.01)  # the stream closed just before the exit was recorded
+            elif self.eof:  # output closed, process still running (or exit not yet recorded)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, POLL_S)
         return wait_status_from_exit_code(self.exit_info.get("ExitCode"))
 
     def _inspect(self) -> dict[str, Any]:
@@ -169,30 +172,45 @@ class DockerRun:
         return self.termination
 
     async def _terminate(self, grace_s: float) -> Termination:
-        """TERM (+CONT) everything of the exec, count until the grace ends, then KILL until
-        nothing is left or the kill budget is spent (then the container is recycled)."""
-        alive = await self._sweep("TERM")
+        """TERM (+CONT) everything of the exec (newcomers too), wait out the grace, then KILL
+        until nothing is left or the kill budget is spent (then the container is recycled).
+        "Nothing left" needs two empty sweeps in a row: a process caught mid-``exec`` or
+        mid-reparenting can be invisible to one."""
+        alive = await self._settled("TERM")
         deadline = time.monotonic() + grace_s
         while alive and time.monotonic() < deadline:
             await anyio.sleep(SWEEP_TICK_S)
-            alive = await self._sweep("0")
+            alive = await self._settled("TERM")
         deadline = time.monotonic() + KILL_BUDGET_S
         while alive and time.monotonic() < deadline:
-            alive = await self._sweep("KILL")
-            if alive:
-                await anyio.sleep(SWEEP_TICK_S)
-                alive = await self._sweep("0")
+            await self._sweep("KILL")
+            await anyio.sleep(SWEEP_TICK_S)
+            alive = await self._settled("KILL")
         if alive:
             self.backend.recycle_needed = True
             return Termination(survivors=alive, error=f"{alive} process(es) could not be killed")
         return Termination()
 
+    async def _settled(self, sig: str) -> int:
+        alive = await self._sweep(sig)
+        if not alive:
+            await anyio.sleep(SWEEP_TICK_S)
+            alive = await self._sweep(sig)
+        return alive
+
     async def _sweep(self, sig: str) -> int:
-        """Signal the exec's processes (``"0"``: only count them); return how many are alive."""
+        """Signal the exec's processes (TERM only once per process); return how many live."""
         if self.backend.local:
-            procs = proctree.members(self.request.run_id)
-            if sig != "0":
-                proctree.signal_all(procs, signal.Signals[f"SIG{sig}"])
+            backend = self.backend
+            procs = proctree.members(
+                self.request.run_id, init_pid=backend.init_pid, keep=backend.keep
+            )
+            if sig == "TERM":
+                fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
+                self.termed.update((p.pid, p.start) for p in fresh)
+                proctree.signal_all(fresh, signal.SIGTERM)
+            else:
+                proctree.signal_all(procs, signal.SIGKILL)
             return len(procs)
         return await anyio.to_thread.run_sync(self._sweep_in_container, sig)
 

@@ -1,6 +1,7 @@
-"""The process-group backend against hostile commands: real processes, no mocks.
+"""Every backend against hostile commands: real processes, a real engine, no mocks.
 
-Every test asserts the status, the output, a timing bound, and that nothing of the run survives.
+Every test asserts the status, the output, a timing bound, and that nothing of the run survives
+(on docker: no process of the exec is left in the container either).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from conformance_helpers import assert_container_clean
 from helpers import assert_nothing_left, processes_with_arg
 
 from sandboxrun import Limits, Sandbox
@@ -27,10 +29,17 @@ def token() -> str:
 
 
 async def run_shell(
-    workspace: Path, script: str, *, limits: Limits = FAST, timeout: float | None = None
+    workspace: Path,
+    backend: str,
+    script: str,
+    *,
+    limits: Limits = FAST,
+    timeout: float | None = None,
 ) -> ExecResult:
-    async with Sandbox(workspace, backend="process-group", limits=limits) as sb:
-        return await sb.exec(shell=script, timeout=timeout)
+    async with Sandbox(workspace, backend=backend, limits=limits) as sb:
+        result = await sb.exec(shell=script, timeout=timeout)
+        await assert_container_clean(sb)
+        return result
 
 
 def assert_gone(result: ExecResult, tok: str | None = None) -> None:
@@ -40,11 +49,11 @@ def assert_gone(result: ExecResult, tok: str | None = None) -> None:
         assert not processes_with_arg(tok), "a process of the run is still alive"
 
 
-async def test_term_ignoring_loop_is_killed_after_grace(workspace: Path) -> None:
+async def test_term_ignoring_loop_is_killed_after_grace(workspace: Path, backend: str) -> None:
     tok = token()
     start = time.monotonic()
     result = await run_shell(
-        workspace, f"trap '' TERM; echo ready; while :; do sleep {tok}; done", timeout=1
+        workspace, backend, f"trap '' TERM; echo ready; while :; do sleep {tok}; done", timeout=1
     )
     elapsed = time.monotonic() - start
     assert result.status == "timed_out"
@@ -55,14 +64,16 @@ async def test_term_ignoring_loop_is_killed_after_grace(workspace: Path) -> None
     assert_gone(result, tok)
 
 
-async def test_setsid_double_forked_daemon_is_killed_when_command_ends(workspace: Path) -> None:
+async def test_setsid_double_forked_daemon_is_killed_when_command_ends(
+    workspace: Path, backend: str
+) -> None:
     tok = token()
     script = (
         f"(setsid sh -c 'trap \"\" TERM; exec sleep {tok}' </dev/null >/dev/null 2>&1 &); "
         "echo started"
     )
     start = time.monotonic()
-    result = await run_shell(workspace, script)
+    result = await run_shell(workspace, backend, script)
     elapsed = time.monotonic() - start
     assert result.status == "completed"
     assert result.stdout == "started\n"
@@ -70,18 +81,22 @@ async def test_setsid_double_forked_daemon_is_killed_when_command_ends(workspace
     assert_gone(result, tok)
 
 
-async def test_daemon_that_clears_its_environment_is_still_found(workspace: Path) -> None:
+async def test_daemon_that_clears_its_environment_is_still_found(
+    workspace: Path, backend: str
+) -> None:
     tok = token()
     script = f"(setsid env -i /bin/sleep {tok} </dev/null >/dev/null 2>&1 &); echo ok"
-    result = await run_shell(workspace, script)
+    result = await run_shell(workspace, backend, script)
     assert result.status == "completed"
     assert_gone(result, tok)
 
 
-async def test_background_child_holding_stdout_does_not_hold_the_run(workspace: Path) -> None:
+async def test_background_child_holding_stdout_does_not_hold_the_run(
+    workspace: Path, backend: str
+) -> None:
     tok = token()
     start = time.monotonic()
-    result = await run_shell(workspace, f"sleep {tok} & echo hi")
+    result = await run_shell(workspace, backend, f"sleep {tok} & echo hi")
     elapsed = time.monotonic() - start
     assert result.status == "completed"
     assert result.exit_code == 0
@@ -90,17 +105,19 @@ async def test_background_child_holding_stdout_does_not_hold_the_run(workspace: 
     assert_gone(result, tok)
 
 
-async def test_late_writer_within_drain_period_is_kept(workspace: Path) -> None:
+async def test_late_writer_within_drain_period_is_kept(workspace: Path, backend: str) -> None:
     result = await run_shell(
-        workspace, "(sleep 0.2; echo late) & echo early", limits=Limits(drain_s=3)
+        workspace, backend, "(sleep 0.2; echo late) & echo early", limits=Limits(drain_s=3)
     )
     assert result.stdout == "early\nlate\n"
     assert_gone(result)
 
 
-async def test_self_stopped_command_times_out_and_dies(workspace: Path) -> None:
+async def test_self_stopped_command_times_out_and_dies(workspace: Path, backend: str) -> None:
     start = time.monotonic()
-    result = await run_shell(workspace, "echo before; kill -STOP $$; echo after", timeout=1)
+    result = await run_shell(
+        workspace, backend, "echo before; kill -STOP $$; echo after", timeout=1
+    )
     elapsed = time.monotonic() - start
     assert result.status == "timed_out"
     assert result.stdout == "before\n"
@@ -108,10 +125,10 @@ async def test_self_stopped_command_times_out_and_dies(workspace: Path) -> None:
     assert_gone(result)
 
 
-async def test_closed_output_then_sleep_times_out(workspace: Path) -> None:
+async def test_closed_output_then_sleep_times_out(workspace: Path, backend: str) -> None:
     tok = token()
     start = time.monotonic()
-    result = await run_shell(workspace, f"echo out; exec >&- 2>&-; sleep {tok}", timeout=1)
+    result = await run_shell(workspace, backend, f"echo out; exec >&- 2>&-; sleep {tok}", timeout=1)
     elapsed = time.monotonic() - start
     assert result.status == "timed_out"
     assert result.signal == "SIGTERM"
@@ -120,8 +137,8 @@ async def test_closed_output_then_sleep_times_out(workspace: Path) -> None:
     assert_gone(result, tok)
 
 
-async def test_cat_without_stdin_ends_at_once(workspace: Path) -> None:
-    async with Sandbox(workspace, backend="process-group") as sb:
+async def test_cat_without_stdin_ends_at_once(workspace: Path, backend: str) -> None:
+    async with Sandbox(workspace, backend=backend) as sb:
         start = time.monotonic()
         result = await sb.exec(["cat"], timeout=10)
     assert result.status == "completed"
@@ -129,28 +146,28 @@ async def test_cat_without_stdin_ends_at_once(workspace: Path) -> None:
     assert time.monotonic() - start < 2
 
 
-async def test_stdin_is_delivered(workspace: Path) -> None:
-    async with Sandbox(workspace, backend="process-group") as sb:
+async def test_stdin_is_delivered(workspace: Path, backend: str) -> None:
+    async with Sandbox(workspace, backend=backend) as sb:
         result = await sb.exec(["cat"], stdin=b"abc\x00\xffdef" * 50000)
     assert result.stdout_total_bytes == 8 * 50000
 
 
-async def test_stdin_not_read_does_not_hang(workspace: Path) -> None:
-    async with Sandbox(workspace, backend="process-group") as sb:
+async def test_stdin_not_read_does_not_hang(workspace: Path, backend: str) -> None:
+    async with Sandbox(workspace, backend=backend) as sb:
         result = await sb.exec(["true"], stdin=b"x" * (8 << 20), timeout=10)
     assert result.status == "completed"
 
 
-async def test_timeout_keeps_partial_output(workspace: Path) -> None:
-    result = await run_shell(workspace, "echo before; echo err >&2; sleep 30", timeout=0.5)
+async def test_timeout_keeps_partial_output(workspace: Path, backend: str) -> None:
+    result = await run_shell(workspace, backend, "echo before; echo err >&2; sleep 30", timeout=0.5)
     assert result.status == "timed_out"
     assert result.stdout == "before\n"
     assert result.stderr == "err\n"
 
 
-async def test_stderr_flood_while_stdout_waits(workspace: Path) -> None:
+async def test_stderr_flood_while_stdout_waits(workspace: Path, backend: str) -> None:
     script = "head -c 20000000 /dev/zero >&2; echo done"
-    result = await run_shell(workspace, script, timeout=30)
+    result = await run_shell(workspace, backend, script, timeout=30)
     assert result.status == "completed"
     assert result.stdout == "done\n"
     assert result.stderr_total_bytes == 20_000_000
@@ -158,16 +175,16 @@ async def test_stderr_flood_while_stdout_waits(workspace: Path) -> None:
     assert result.stderr_dropped_bytes == 20_000_000 - Limits().max_output
 
 
-async def test_raw_bytes_are_reported_not_interpreted(workspace: Path) -> None:
+async def test_raw_bytes_are_reported_not_interpreted(workspace: Path, backend: str) -> None:
     script = r"printf 'a\377\376b\000c\033]0;title\007\033[31mred\033[0m'"
-    result = await run_shell(workspace, script)
+    result = await run_shell(workspace, backend, script)
     assert result.stdout == "a\ufffd\ufffdb\x00c\x1b]0;title\x07\x1b[31mred\x1b[0m"
     assert result.stdout_total_bytes == 28
 
 
-async def test_multibyte_character_cut_at_limit(workspace: Path) -> None:
+async def test_multibyte_character_cut_at_limit(workspace: Path, backend: str) -> None:
     limits = Limits(max_output=101, spill_max=0)
-    async with Sandbox(workspace, backend="process-group", limits=limits) as sb:
+    async with Sandbox(workspace, backend=backend, limits=limits) as sb:
         result = await sb.exec(["python3", "-c", "print('é' * 1000, end='')"])
     assert "\ufffd" not in result.stdout
     assert result.stdout_total_bytes == 2000
@@ -177,16 +194,16 @@ async def test_multibyte_character_cut_at_limit(workspace: Path) -> None:
     assert not result.stdout_spill_complete
 
 
-async def test_signal_not_sent_by_sandboxrun_is_failed(workspace: Path) -> None:
-    result = await run_shell(workspace, "kill -SEGV $$")
+async def test_signal_not_sent_by_sandboxrun_is_failed(workspace: Path, backend: str) -> None:
+    result = await run_shell(workspace, backend, "kill -SEGV $$")
     assert result.status == "failed"
     assert result.signal == "SIGSEGV"
     assert result.exit_code is None
 
 
-async def test_cancellation_from_enclosing_scope(workspace: Path) -> None:
+async def test_cancellation_from_enclosing_scope(workspace: Path, backend: str) -> None:
     tok = token()
-    async with Sandbox(workspace, backend="process-group", limits=FAST) as sb:
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
         start = time.monotonic()
         with anyio.move_on_after(0.5) as scope:
             await sb.exec(shell=f"trap '' TERM; echo partial; sleep {tok}")
@@ -200,8 +217,8 @@ async def test_cancellation_from_enclosing_scope(workspace: Path) -> None:
     assert_gone(result, tok)
 
 
-async def test_cancellation_is_reraised(workspace: Path) -> None:
-    async with Sandbox(workspace, backend="process-group", limits=FAST) as sb:
+async def test_cancellation_is_reraised(workspace: Path, backend: str) -> None:
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
         with anyio.CancelScope() as scope:
             scope.cancel()
             await sb.exec(["sleep", "30"])
@@ -210,10 +227,10 @@ async def test_cancellation_is_reraised(workspace: Path) -> None:
         assert sb.last_result.status == "cancelled"
 
 
-async def test_concurrent_runs_are_terminated_independently(workspace: Path) -> None:
+async def test_concurrent_runs_are_terminated_independently(workspace: Path, backend: str) -> None:
     tok_a, tok_b = token(), token()
     results: dict[str, ExecResult] = {}
-    async with Sandbox(workspace, backend="process-group", limits=FAST) as sb:
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
 
         async def long() -> None:
             results["b"] = await sb.exec(shell=f"sleep {tok_b}; echo b-done", timeout=3)

@@ -1,0 +1,36 @@
+"""Checks shared by the conformance tests."""
+
+from __future__ import annotations
+
+import time
+
+import anyio.to_thread
+import docker.errors
+
+from sandboxrun import Sandbox
+from sandboxrun.backends.docker import DockerBackend
+
+
+def container_processes(backend: DockerBackend) -> list[str]:
+    """Command lines of every process in the sandbox container (the engine's `top`)."""
+    assert backend.client is not None and backend.container_id is not None
+    for _ in range(5):  # `top` runs ps on the host, which fails now and then as processes exit
+        try:
+            top = backend.client.api.top(backend.container_id, ps_args="-eo pid,args")
+            break
+        except docker.errors.APIError:
+            time.sleep(0.1)
+    else:
+        top = backend.client.api.top(backend.container_id, ps_args="-eo pid,args")
+    column = top["Titles"].index("COMMAND") if "COMMAND" in top["Titles"] else -1
+    return [str(row[column]) for row in top["Processes"]]
+
+
+async def assert_container_clean(sb: Sandbox) -> None:
+    """On docker, only the init and the idle main process may be left in the container."""
+    backend = sb.backend
+    if not isinstance(backend, DockerBackend):
+        return
+    procs = await anyio.to_thread.run_sync(container_processes, backend)
+    extra = [p for p in procs if "sleep infinity" not in p and "docker-init" not in p]
+    assert not extra, f"processes of the exec left in the container: {extra}"
