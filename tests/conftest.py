@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from sandboxrun import backends
 
 
 @pytest.fixture
@@ -23,3 +26,29 @@ def spill_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(params=["process-group", "docker"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Conformance tests run on every backend; one whose probe fails is skipped with why."""
+    name = backends.check_name(str(request.param))
+    probe = backends.probe(name)
+    if not probe.available:
+        pytest.skip(f"{name} unavailable here: {probe.reason}")
+    return name
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_containers() -> Iterator[None]:
+    """The test session must leave no container labelled sandboxrun.managed behind."""
+    yield
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        left = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
+    except Exception:  # no engine here: nothing can have leaked
+        return
+    for container in left:
+        container.remove(force=True)
+    assert not left, f"the tests leaked containers: {[c.name for c in left]}"
