@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def backend(request: pytest.FixtureRequest) -> str:
     name = backends.check_name(str(request.param))
     probe = backends.probe(name)
     if not probe.available:
+        required = os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(",")
+        if name in required:
+            pytest.fail(f"{name} is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
         pytest.skip(f"{name} unavailable here: {probe.reason}")
     return name
 
