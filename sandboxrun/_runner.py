@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 HEADER = struct.Struct("!I")
 MARKER = b"SANDBOXRUN_RUN_ID="
 TICK_S = 0.02
@@ -58,6 +59,14 @@ def process_table() -> dict[int, tuple[int, bytes, int]]:
             if stat is not None:
                 table[int(name)] = stat
     return table
+
+
+def threads_left(pid: int) -> bool:
+    """A zombie thread-group leader whose other threads still run is alive."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 def run_marker(pid: int) -> str | None:
@@ -142,7 +151,7 @@ class Runner:
 
     def begin_close(self) -> None:
         self.closing = True
-        for run in self.runs.values():
+        for run in list(self.runs.values()):
             self.start_termination(run, run.grace)
 
     # -- spawning and reaping ---------------------------------------------------------------
@@ -159,8 +168,9 @@ class Runner:
                 start_new_session=True,
                 close_fds=True,
             )
-        except OSError as exc:
-            self.send(op="spawn_error", id=msg["id"], errno=exc.errno or 0, error=str(exc))
+        except Exception as exc:  # a spawn problem must never take the runner (and its runs) down
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+            self.send(op="spawn_error", id=msg["id"], errno=code, error=str(exc))
             return
         finally:
             for fd in stdio:
@@ -232,7 +242,7 @@ class Runner:
                 stat = table.get(pid)
                 if stat is None or pid in members:
                     continue
-                if stat[1] not in (b"Z", b"X"):
+                if stat[1] not in (b"Z", b"X") or threads_left(pid):
                     members[pid] = stat[2]
                 stack.extend(kids.get(pid, []))
             found[run_id] = members
@@ -262,11 +272,10 @@ class Runner:
         self.step(run, self.refresh().get(run.id, {}))
 
     def signal_members(self, run: Run, members: dict[int, int], sig: int) -> None:
-        if run.status is None:
-            try:
-                os.killpg(run.pid, sig)
-            except OSError:
-                pass
+        try:  # the group signal is atomic against fork; members that left it are signalled below
+            os.killpg(run.pid, sig)
+        except OSError:
+            pass
         for pid, start in members.items():
             if sig == signal.SIGKILL or (pid, start) not in run.signalled:
                 run.signalled.add((pid, start))
@@ -278,21 +287,25 @@ class Runner:
                     pass
 
     def step(self, run: Run, members: dict[int, int]) -> None:
+        """One termination tick. The run is over after two empty sweeps in a row (a process
+        caught mid-fork or mid-reparenting can be invisible to one walk of /proc) when the
+        main process is reaped and, if it is the only run, the kernel says the runner has no
+        child left (a fork chain can outrun every /proc walk, never the kernel's child list)."""
         now = time.monotonic()
-        if not members:
+        if run.phase == "term" and now >= run.deadline:
+            run.phase, run.deadline = "kill", now + KILL_BUDGET_S
+        hidden = not members and len(self.runs) == 1 and self.has_children()
+        if members or hidden:
+            run.empty_sweeps = 0
+        else:
             run.empty_sweeps += 1
             if run.status is not None and run.empty_sweeps >= 2:
                 self.finish(run, 0)
+                return
+        if run.phase == "kill" and now >= run.deadline:
+            self.finish(run, len(members) or 1)  # never claim 0 for what could not be seen
             return
-        run.empty_sweeps = 0
-        if run.phase == "term" and now >= run.deadline:
-            run.phase, run.deadline = "kill", now + KILL_BUDGET_S
-        if run.phase == "term":
-            self.signal_members(run, members, signal.SIGTERM)
-        elif now >= run.deadline:
-            self.finish(run, len(members))
-        else:
-            self.signal_members(run, members, signal.SIGKILL)
+        self.signal_members(run, members, signal.SIGTERM if run.phase == "term" else signal.SIGKILL)
 
     def finish(self, run: Run, survivors: int) -> None:
         del self.runs[run.id]
@@ -365,8 +378,18 @@ def main() -> None:
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write(f"sandboxrun runner: prctl failed: {os.strerror(ctypes.get_errno())}\n")
         sys.exit(3)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # commands of the same uid cannot read our memory
     sock = socket.socket(fileno=int(sys.argv[1]))
-    Runner(sock).serve()
+    runner = Runner(sock)
+    try:
+        runner.serve()
+    finally:  # even on a bug here: leave nothing of any run alive
+        for run in list(runner.runs.values()):
+            for pid in [run.pid, *run.members]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Every call has a deadline (the client's socket timeout). Foreign exceptions beco
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import docker
@@ -33,12 +36,26 @@ PROBE_TIMEOUT_S = 3.0
 
 def connect(timeout_s: float = API_TIMEOUT_S) -> DockerClient:
     """A client for the engine named by the environment (``DOCKER_HOST`` etc.), pinged."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://") and not stat.S_ISSOCK(_mode(host.removeprefix("unix://"))):
+        # checked first: docker-py leaks a socket when it cannot connect to a unix path
+        raise SandboxUnavailableError("docker", f"no Docker engine socket at {host}")
+    client: DockerClient | None = None
     try:
         client = docker.from_env(timeout=max(1, round(timeout_s)))
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        if client is not None:
+            client.close()
         raise SandboxUnavailableError("docker", f"cannot reach the Docker engine: {exc}") from exc
     return client
+
+
+def _mode(path: str) -> int:
+    try:
+        return Path(path).stat().st_mode
+    except OSError:
+        return 0
 
 
 def is_transient(exc: BaseException) -> bool:

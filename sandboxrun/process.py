@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -63,6 +64,25 @@ async def _drain(handle: RunHandle, drain_s: float) -> None:
         await handle.pump()
 
 
+async def uninterruptible(
+    action: Callable[[], Awaitable[None]], deadline: float
+) -> BaseException | None:
+    """Run a cleanup ``action`` to its end (or until ``deadline``), shielded from anyio
+    cancellation and restarted on a native one (``task.cancel()`` pierces anyio shields):
+    cleanup steps are idempotent, so a restart only finishes what was interrupted. Returns the
+    native cancellation that arrived meanwhile, for the caller to re-raise."""
+    caught: BaseException | None = None
+    while True:
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_at(deadline):
+                await action()
+            return caught
+        except anyio.get_cancelled_exc_class() as exc:
+            caught = exc
+            if anyio.current_time() >= deadline:
+                return caught
+
+
 async def supervise(
     handle: RunHandle, *, timeout_s: float, grace_s: float, drain_s: float, started: float
 ) -> Supervision:
@@ -76,6 +96,24 @@ async def supervise(
         await handle.pump()
         output_done.set()
 
+    async def after_exit() -> None:
+        if sup.reason == "exited":  # let late writers finish, bounded, then sweep the rest
+            with anyio.move_on_after(drain_s):
+                await output_done.wait()
+        sup.termination = await handle.terminate(grace_s)
+        if sup.reason == "timeout":
+            sup.wait_status = await handle.wait_exit()
+        with anyio.move_on_after(drain_s):
+            await output_done.wait()
+
+    async def after_cancel() -> None:
+        if sup.wait_status is None:
+            sup.reason = "cancel"
+        sup.termination = await handle.terminate(grace_s)
+        if sup.wait_status is None:
+            sup.wait_status = await handle.wait_exit()
+        await _drain(handle, drain_s)
+
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(pump)
@@ -85,25 +123,11 @@ async def supervise(
                 sup.reason = "timeout"
             elif sup.wait_status is None:
                 sup.reason = "lost"
-            with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
-                if sup.reason == "exited":  # let late writers finish, bounded, then sweep the rest
-                    with anyio.move_on_after(drain_s):
-                        await output_done.wait()
-                sup.termination = await handle.terminate(grace_s)
-                if sup.reason == "timeout":
-                    sup.wait_status = await handle.wait_exit()
-                with anyio.move_on_after(drain_s):
-                    await output_done.wait()
+            sup.cancel_exc = await uninterruptible(after_exit, anyio.current_time() + bound)
             tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class() as exc:
         sup.cancel_exc = exc
-        with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
-            if sup.wait_status is None:
-                sup.reason = "cancel"
-            sup.termination = await handle.terminate(grace_s)
-            if sup.wait_status is None:
-                sup.wait_status = await handle.wait_exit()
-            await _drain(handle, drain_s)
+        await uninterruptible(after_cancel, anyio.current_time() + bound)
     sup.duration_s = time.monotonic() - started
     return sup
 

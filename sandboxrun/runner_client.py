@@ -34,6 +34,7 @@ def _spawn_runner(sock: socket.socket) -> subprocess.Popen[bytes]:
         pass_fds=[sock.fileno()],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
+        env={},  # the runner needs nothing from the host environment (secrets stay out)
         start_new_session=True,  # terminal signals (Ctrl-C) go to the host only
     )
 
@@ -183,7 +184,7 @@ class RunnerClient:
     async def terminate(self, run_id: str, grace_s: float) -> None:
         await self._send({"op": "terminate", "id": run_id, "grace": grace_s})
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Ask the runner to finish (it terminates whatever still runs) and reap it. Bounded."""
         proc = self._proc
         if proc is None:
@@ -192,7 +193,7 @@ class RunnerClient:
             await self._send({"op": "shutdown"})
         pidfd = os.pidfd_open(proc.pid)
         try:
-            with anyio.move_on_after(CLOSE_TIMEOUT_S):
+            with anyio.move_on_after(timeout_s):
                 await anyio.wait_readable(pidfd)
             if proc.poll() is None:
                 proc.kill()

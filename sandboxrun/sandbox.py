@@ -31,6 +31,14 @@ from sandboxrun.spec import ExecRequest, Sink
 log = logging.getLogger("sandboxrun")
 
 
+def check_encodable(value: str) -> None:
+    """Arguments, scripts and variables must be encodable for the OS (no lone surrogates)."""
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{value!r} cannot be passed to a process: {exc.reason}") from None
+
+
 def new_run_id() -> str:
     return secrets.token_hex(8)
 
@@ -130,6 +138,14 @@ class Sandbox:
             raise ConfigError("give exactly one of an argv list or shell='script'")
         if shell is not None and "\0" in shell:
             raise ConfigError("the shell script contains a NUL byte")
+        for value in [
+            *(argv or []),
+            shell or "",
+            workdir or "",
+            *(env or {}).values(),
+            *(env or {}),
+        ]:
+            check_encodable(value)
         cwd = self.workspace.resolve_workdir(workdir)
         prepend = [*self._path_prepend, *path_prepend]
         if prepend:

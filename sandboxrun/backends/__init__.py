@@ -89,7 +89,7 @@ def create(name: BackendName, ctx: Context) -> Backend:
     if name == "process-group":
         from sandboxrun.backends.pgroup import ProcessGroupBackend
 
-        return ProcessGroupBackend()
+        return ProcessGroupBackend(ctx.limits.grace_s)
     if name == "docker":
         from sandboxrun.backends.docker import DockerBackend
 

@@ -177,14 +177,16 @@ def sweep_marked(run_id: str, grace_s: float) -> int:
 class ProcessGroupBackend:
     name: BackendName = "process-group"
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = 3.0) -> None:
         self._client = RunnerClient()
+        self._grace_s = grace_s
 
     async def open(self) -> None:
         await self._client.start()
 
     async def close(self) -> None:
-        await self._client.close()
+        # Closing terminates what still runs: give it the grace and the kill budget.
+        await self._client.close(self._grace_s + KILL_BUDGET_S + ANSWER_MARGIN_S + 10.0)
 
     def isolation(self, request: ExecRequest) -> list[str]:
         return list(ISOLATION)
@@ -296,6 +298,8 @@ class ProcessGroupBackend:
         with anyio.move_on_after(SPAWN_TIMEOUT_S):
             await self._client.wait_for(lambda: channel.spawned is not None or channel.lost)
         if channel.spawned is None:
+            with suppress(BackendError):  # should it spawn late, it must not run unwatched
+                await self._client.terminate(channel.run_id, 0.0)
             raise BackendError(self._client.dead or "the runner did not answer the spawn request")
         return channel.spawned if channel.spawned["op"] == "spawn_error" else None
 

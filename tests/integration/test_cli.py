@@ -19,11 +19,20 @@ from sandboxrun.models import ExecResult
 CLI = [sys.executable, "-m", "sandboxrun"]
 
 
+NO_ENGINE = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+
+
 def cli(
-    *args: str, cwd: Path | None = None, timeout: float = 60
+    *args: str, cwd: Path | None = None, timeout: float = 60, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+        env=env,
     )
 
 
@@ -87,7 +96,7 @@ def test_input_errors_exit_2_with_one_line(workspace: Path, args: list[str], mes
 
 def test_unavailable_backend_exits_125(workspace: Path) -> None:
     start = time.monotonic()
-    proc = cli("run", "-w", str(workspace), "-b", "docker", "--", "true")
+    proc = cli("run", "-w", str(workspace), "-b", "docker", "--", "true", env=NO_ENGINE)
     assert proc.returncode == 125
     assert "docker" in proc.stderr
     assert time.monotonic() - start < 10
@@ -182,7 +191,7 @@ def test_escape_sequences_are_neutralized_on_a_tty(workspace: Path) -> None:
 
 
 def test_doctor_reports_every_backend() -> None:
-    proc = cli("doctor", "--json")
+    proc = cli("doctor", "--json", env=NO_ENGINE)
     rows = json.loads(proc.stdout)
     assert [r["backend"] for r in rows] == ["docker", "systemd-scope", "process-group"]
     by_name = {r["backend"]: r for r in rows}

@@ -143,6 +143,12 @@ def test_host_killed_mid_run_leaves_nothing(workspace: Path, tmp_path: Path) -> 
     ), "the run outlived its host"
 
 
+@pytest.fixture
+def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+
+
+@pytest.mark.usefixtures("no_engine")
 async def test_explicit_unavailable_backend_never_falls_back(workspace: Path) -> None:
     with pytest.raises(SandboxUnavailableError) as info:
         async with Sandbox(workspace, backend="docker"):
@@ -150,6 +156,7 @@ async def test_explicit_unavailable_backend_never_falls_back(workspace: Path) ->
     assert "docker" in str(info.value)
 
 
+@pytest.mark.usefixtures("no_engine")
 async def test_auto_falls_back_and_says_why(workspace: Path) -> None:
     async with Sandbox(workspace) as sb:
         result = await sb.exec(["true"])
