@@ -63,10 +63,22 @@ def process_table() -> dict[int, Proc]:
     return table
 
 
+def threads_left(pid: int) -> bool:
+    """A zombie thread-group leader whose other threads still run is alive."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1  # noqa: PTH208
+    except OSError:
+        return False
+
+
 def members(
-    run_id: str, *, init_pid: int | None = None, keep: frozenset[int] = frozenset()
+    run_id: str,
+    *,
+    init_pid: int | None = None,
+    keep: frozenset[int] = frozenset(),
+    roots: tuple[int, ...] = (),
 ) -> list[Proc]:
-    """Live (non-zombie) processes of the run: marked ones, and all their descendants.
+    """Live processes of the run: marked ones and ``roots``, and all their descendants.
 
     With ``init_pid`` (a container's init, which inherits every orphan of every exec), the
     init's children that carry no marker, or this run's, are the run's too (a daemon that
@@ -78,6 +90,7 @@ def members(
     for proc in table.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
     found = {pid for pid in table if has_marker(pid, needle)}
+    found.update(pid for pid in roots if pid in table)  # e.g. the exec's own pid
     if init_pid is not None:
         for pid in children.get(init_pid, []):
             if pid not in keep and marker_of(pid) in (None, run_id):
@@ -88,7 +101,7 @@ def members(
             if child not in found:
                 found.add(child)
                 stack.append(child)
-    return [table[pid] for pid in found if table[pid].state not in ("Z", "X")]
+    return [table[pid] for pid in found if table[pid].state not in ("Z", "X") or threads_left(pid)]
 
 
 def signal_all(procs: list[Proc], sig: int) -> None:

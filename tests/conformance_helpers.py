@@ -31,6 +31,11 @@ async def assert_container_clean(sb: Sandbox) -> None:
     backend = sb.backend
     if not isinstance(backend, DockerBackend):
         return
-    procs = await anyio.to_thread.run_sync(container_processes, backend)
-    extra = [p for p in procs if "sleep infinity" not in p and "docker-init" not in p]
-    assert not extra, f"processes of the exec left in the container: {extra}"
+    for _ in range(20):  # a killed process may stay a zombie until its parent reaps it
+        procs = await anyio.to_thread.run_sync(container_processes, backend)
+        extra = [p for p in procs if "sleep infinity" not in p and "docker-init" not in p]
+        if not extra:
+            return
+        await anyio.sleep(0.1)
+    live = [p for p in extra if "<defunct>" not in p]
+    assert not live, f"processes of the exec left in the container: {extra}"

@@ -48,6 +48,7 @@ class DockerRun:
         self.captures = {"stdout": out, "stderr": err}
         self.decoder = FrameDecoder(lambda name, data: self.captures[name].feed(data))
         self.exec_id = ""
+        self.exec_pid = 0
         self.sock: socket.socket | None = None
         self.keep: Any = None  # docker-py's socket wrapper, kept alive with the socket
         self.eof = False
@@ -176,6 +177,9 @@ class DockerRun:
         until nothing is left or the kill budget is spent (then the container is recycled).
         "Nothing left" needs two empty sweeps in a row: a process caught mid-``exec`` or
         mid-reparenting can be invisible to one."""
+        if self.backend.local and self.exit_info is None:  # exec pid: found without its environ
+            info = await anyio.to_thread.run_sync(self._inspect)
+            self.exec_pid = int(info.get("Pid") or 0) if info.get("Running") else 0
         alive = await self._settled("TERM")
         deadline = time.monotonic() + grace_s
         while alive and time.monotonic() < deadline:
@@ -203,7 +207,10 @@ class DockerRun:
         if self.backend.local:
             backend = self.backend
             procs = proctree.members(
-                self.request.run_id, init_pid=backend.init_pid, keep=backend.keep
+                self.request.run_id,
+                init_pid=backend.init_pid,
+                keep=backend.keep,
+                roots=(self.exec_pid,) if self.exec_pid else (),
             )
             if sig == "TERM":
                 fresh = [p for p in procs if (p.pid, p.start) not in self.termed]

@@ -244,3 +244,70 @@ async def test_concurrent_runs_are_terminated_independently(workspace: Path, bac
     assert results["a"].status == "completed"
     assert results["b"].status == "timed_out"
     assert_gone(results["b"], tok_b)
+
+
+WALKER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("walking", flush=True)
+end = time.time() + 30
+while time.time() < end:
+    if os.fork():
+        os._exit(0)
+"""
+
+
+async def test_fork_walker_that_never_keeps_a_pid_is_killed(workspace: Path, backend: str) -> None:
+    """The main process exits at once (its first fork), leaving a TERM-ignoring chain of
+    processes that each fork and exit, faster than any walk of /proc can see them."""
+    tok = token()
+    start = time.monotonic()
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        result = await sb.exec(["python3", "-c", WALKER, tok], timeout=20)
+        elapsed = time.monotonic() - start
+        await anyio.sleep(0.5)
+        assert not processes_with_arg(tok), "the fork walker outlived its run"
+        await assert_container_clean(sb)
+    assert result.status == "completed"
+    assert result.stdout == "walking\n"
+    assert result.survivors == 0
+    assert elapsed < 15
+
+
+ZOMBIE_LEADER = """
+import ctypes, signal, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+threading.Thread(target=time.sleep, args=(300,)).start()
+print("leader exits", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+async def test_zombie_leader_with_live_thread_is_killed(workspace: Path, backend: str) -> None:
+    start = time.monotonic()
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        result = await sb.exec(["python3", "-c", ZOMBIE_LEADER], timeout=1)
+        await assert_container_clean(sb)
+    assert result.status == "timed_out"
+    assert result.stdout == "leader exits\n"
+    assert time.monotonic() - start < 1 + FAST.grace_s + 3
+    assert_gone(result)
+
+
+async def test_native_double_cancel_still_cleans_up(workspace: Path, backend: str) -> None:
+    import asyncio
+
+    tok = token()
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        task = asyncio.ensure_future(sb.exec(shell=f"trap '' TERM; echo up; sleep {tok}"))
+        await asyncio.sleep(0.8)
+        task.cancel()
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        result = sb.last_result
+        assert result is not None
+        assert result.status == "cancelled"
+        assert not processes_with_arg(tok)
+        await assert_container_clean(sb)

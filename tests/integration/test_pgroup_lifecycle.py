@@ -15,7 +15,7 @@ import psutil
 import pytest
 from helpers import assert_nothing_left, processes_with_arg, wait_until
 
-from sandboxrun import Limits, Sandbox, SandboxUnavailableError, WorkspaceError
+from sandboxrun import ConfigError, Limits, Sandbox, SandboxUnavailableError, WorkspaceError
 from sandboxrun.backends.pgroup import ProcessGroupBackend
 
 pytestmark = pytest.mark.anyio
@@ -174,3 +174,23 @@ async def test_runner_is_reaped_after_close(workspace: Path) -> None:
     assert pid is not None
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     assert time.monotonic() > 0
+
+
+async def test_unencodable_argument_is_refused_before_spawn(workspace: Path) -> None:
+    async with Sandbox(workspace, backend="process-group") as sb:
+        with pytest.raises(ConfigError, match="cannot be passed"):
+            await sb.exec(["echo", "\ud800"])
+        assert (await sb.exec(["true"])).status == "completed"  # the runner is fine
+
+
+async def test_runner_holds_no_host_secrets(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_API_TOKEN", "hunter2")
+    async with Sandbox(workspace, backend="process-group") as sb:
+        backend = sb.backend
+        assert isinstance(backend, ProcessGroupBackend)
+        pid = backend._client.pid
+        assert pid is not None
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    assert b"hunter2" not in environ
