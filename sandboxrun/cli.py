@@ -25,9 +25,9 @@ from sandboxrun.errors import (
 )
 from sandboxrun.models import ExecResult, Limits, Policy
 from sandboxrun.sandbox import Sandbox
-from sandboxrun.sanitize import TerminalSanitizer
-from sandboxrun.spec import ExecRequest, Sink
+from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import default_spill_root, prune
+from sandboxrun.terminal import LiveWriter
 from sandboxrun.units import parse_size
 
 app = typer.Typer(
@@ -63,9 +63,11 @@ def fail(code: int, message: str) -> typer.Exit:
     return typer.Exit(code)
 
 
-def summary(result: ExecResult) -> str | None:
+def summary(result: ExecResult, live_dropped: int = 0) -> str | None:
     """One line on what the user should know: truncation, timeout, fallback, survivors."""
     parts: list[str] = []
+    if live_dropped:
+        parts.append(f"{live_dropped} bytes of live output not shown (terminal too slow)")
     if result.fallback_reason:
         parts.append(f"ran on {result.backend} (fallback: {result.fallback_reason})")
     if result.timed_out:
@@ -85,47 +87,30 @@ def summary(result: ExecResult) -> str | None:
     return "sandboxrun: " + "; ".join(parts) if parts else None
 
 
-def live_sink() -> Sink:
-    sanitizers = {
-        "stdout": TerminalSanitizer() if sys.stdout.isatty() else None,
-        "stderr": TerminalSanitizer() if sys.stderr.isatty() else None,
-    }
-    streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult | None:
+    """Open, run, close; SIGINT/SIGTERM at any moment cancel it (cleanup still runs: later
+    signals are absorbed until it is done). None when cancelled before the command started."""
+    result: ExecResult | None = None
+    error: SandboxrunError | None = None
+    work = anyio.CancelScope()
 
-    def sink(name: str, chunk: bytes) -> None:
-        cleaner = sanitizers[name]
-        stream = streams[name]
-        stream.write(cleaner.feed(chunk) if cleaner else chunk)
-        stream.flush()
+    async def watch() -> None:  # outside `work`: it keeps absorbing signals during cleanup
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                work.cancel()
 
-    return sink
-
-
-async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult:
-    async with sb:
-        result: ExecResult | None = None
-        error: SandboxrunError | None = None
-        with anyio.CancelScope() as scope:
-            async with anyio.create_task_group() as tg:
-
-                async def watch() -> None:
-                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        async for _ in signals:
-                            scope.cancel()
-                            return
-
-                tg.start_soon(watch)
-                try:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        with work:
+            try:
+                async with sb:
                     result = await sb.run_request(request)
-                except SandboxrunError as exc:  # raised after the task group, unwrapped
-                    error = exc
-                tg.cancel_scope.cancel()
-        if error is not None:
-            raise error
-        if result is None:
-            result = sb.last_result
-        assert result is not None
-        return result
+            except SandboxrunError as exc:  # raised after the task group, unwrapped
+                error = exc
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result if result is not None else sb.last_result
 
 
 Backend = Literal["auto", "docker", "systemd-scope", "process-group"]
@@ -173,6 +158,7 @@ def run(
             cpus=cpus,
             pids=pids,
         )
+        live = None if json_out or dry_run else LiveWriter()
         sb = Sandbox(
             workspace,
             backend=backend,
@@ -190,13 +176,20 @@ def run(
             shell=command[0] if shell else None,
             workdir=workdir,
             timeout=timeout,
-            sink=None if json_out else live_sink(),
+            sink=live,
         )
         if dry_run:
             chosen, _ = sb.choose_backend()
             sys.stdout.write(quote_argv(chosen.describe(request)) + "\n")
             raise typer.Exit(0)
-        result = anyio.run(_execute, sb, request)
+        try:
+            outcome = anyio.run(_execute, sb, request)
+        finally:
+            if live is not None:
+                live.close()
+        if outcome is None:
+            raise fail(130, "interrupted before the command started")
+        result = outcome
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -215,7 +208,7 @@ def run(
     if json_out:
         sys.stdout.write(result.model_dump_json() + "\n")
     else:
-        line = summary(result)
+        line = summary(result, live.dropped if live else 0)
         if line:
             sys.stderr.write(line + "\n")
     raise typer.Exit(exit_status(result))

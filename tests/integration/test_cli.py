@@ -199,3 +199,44 @@ def test_doctor_reports_every_backend() -> None:
     assert "own-session" in by_name["process-group"]["isolation"]
     assert by_name["docker"]["available"] is False
     assert by_name["docker"]["reason"]
+
+
+def test_stalled_terminal_does_not_stall_the_deadline(workspace: Path) -> None:
+    """Nobody reads our stdout: the timeout must still fire on time."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [*CLI, "run", "-w", str(workspace), "-b", "process-group", "-t", "2", "--grace", "0.5",
+         "--", "yes"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        rc = proc.wait(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        proc.kill()
+        assert proc.stderr is not None and proc.stdout is not None
+        err = proc.stderr.read().decode()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert rc == 124, err
+    assert elapsed < 2 + 0.5 + 5 + 5  # deadline, grace, the bounded flush, interpreter start
+    assert "not shown" in err
+
+
+def test_second_ctrl_c_still_prints_the_result(workspace: Path) -> None:
+    proc = subprocess.Popen(
+        [*CLI, "run", "-w", str(workspace), "-b", "process-group", "--json", "--grace", "1",
+         "--shell", "--", "trap '' TERM; echo partial; sleep 6543.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: bool(processes_with_arg("6543.5")), 10)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert json.loads(out)["status"] == "cancelled"
+    assert not processes_with_arg("6543.5")
