@@ -237,15 +237,45 @@ def doctor(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 
 @app.command()
+def ps(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List sandboxrun's containers (label sandboxrun.managed=true), owner alive or not."""
+    from sandboxrun import dockerapi, housekeeping
+
+    try:
+        rows = housekeeping.list_managed(dockerapi.connect())
+    except (SandboxUnavailableError, BackendError) as exc:
+        raise fail(EXIT_SANDBOX, str(exc)) from None
+    if json_out:
+        sys.stdout.write(json.dumps([row.__dict__ for row in rows]) + "\n")
+        return
+    for row in rows:
+        owner = f"{row.owner_pid}@{row.owner_host}"
+        alive = "owner alive" if row.owner_alive else "owner gone"
+        sys.stdout.write(f"{row.id[:12]}  {row.name:<24} {row.status:<24} {owner:<24} {alive}\n")
+
+
+@app.command()
 def clean(
-    older_than: Annotated[float, typer.Option("--older-than", help="hours")] = 24.0,
+    older_than: Annotated[float, typer.Option("--older-than", help="spill age, hours")] = 24.0,
     spill_dir: Annotated[Path | None, typer.Option("--spill-dir")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every managed container")] = False,
 ) -> None:
-    """Remove spill directories older than --older-than hours."""
+    """Remove managed containers whose owner is gone (--all: every one) and old spill files."""
+    from sandboxrun import dockerapi, housekeeping
+
     root = spill_dir or default_spill_root()
     removed = prune(root, older_than * 3600) if root.is_dir() else []
     noun = "directory" if len(removed) == 1 else "directories"
     sys.stdout.write(f"removed {len(removed)} spill {noun}\n")
+    try:
+        client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
+    except SandboxUnavailableError as exc:
+        sys.stdout.write(f"containers: skipped ({exc.reason})\n")
+        return
+    gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
+    for row in gone:
+        housekeeping.remove(client, row.id)
+    sys.stdout.write(f"removed {len(gone)} container(s)\n")
 
 
 image_app = typer.Typer(no_args_is_help=True, help="Build sandbox images (offline too).")

@@ -1,0 +1,86 @@
+"""`sandboxrun ps` / `sandboxrun clean` against the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from helpers import wait_until
+
+from sandboxrun import backends
+from sandboxrun.images import BASE_IMAGE
+
+CLI = [sys.executable, "-m", "sandboxrun"]
+
+
+@pytest.fixture
+def client() -> Iterator[docker.DockerClient]:
+    probe = backends.probe("docker")
+    if not probe.available:
+        if "docker" in os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(","):
+            pytest.fail(f"docker is required but: {probe.reason}")
+        pytest.skip(f"docker unavailable here: {probe.reason}")
+    c = docker.from_env()
+    yield c
+    c.close()
+
+
+def managed_ids(client: docker.DockerClient, owner: int | None = None) -> set[str]:
+    found = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
+    return {
+        str(c.id)
+        for c in found
+        if owner is None or c.labels.get("sandboxrun.owner_pid") == str(owner)
+    }
+
+
+def test_clean_removes_the_container_of_a_killed_owner_only(
+    client: docker.DockerClient, workspace: Path
+) -> None:
+    code = textwrap.dedent(
+        f"""
+        import anyio
+        from sandboxrun import Sandbox
+        async def main():
+            async with Sandbox({str(workspace)!r}, backend="docker") as sb:
+                print("open", flush=True)
+                await anyio.sleep(300)
+        anyio.run(main)
+        """
+    )
+    stranger = client.containers.create(BASE_IMAGE, ["sleep", "infinity"])  # not ours: no label
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline().strip() == "open"
+        ours = managed_ids(client, owner.pid)
+        assert len(ours) == 1
+        rows = json.loads(subprocess.run([*CLI, "ps", "--json"], capture_output=True, text=True,
+                                         check=True).stdout)  # fmt: skip
+        assert [r["owner_alive"] for r in rows if r["id"] in ours] == [True]
+        subprocess.run([*CLI, "clean"], capture_output=True, text=True, check=True)
+        assert managed_ids(client, owner.pid) == ours  # a live owner's container stays
+        owner.kill()
+        owner.wait()
+        rows = json.loads(subprocess.run([*CLI, "ps", "--json"], capture_output=True, text=True,
+                                         check=True).stdout)  # fmt: skip
+        assert [r["owner_alive"] for r in rows if r["id"] in ours] == [False]
+        done = subprocess.run([*CLI, "clean"], capture_output=True, text=True, check=True)
+        assert "removed" in done.stdout
+        assert wait_until(lambda: not managed_ids(client, owner.pid), 10)
+        stranger.reload()  # still there: never touched
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+        stranger.remove(force=True)
+        for cid in managed_ids(client, owner.pid):
+            client.api.remove_container(cid, force=True)
