@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,15 +45,26 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_containers() -> Iterator[None]:
-    """The test session must leave no container labelled sandboxrun.managed behind."""
+    """The test session must leave no container labelled sandboxrun.managed behind: any made
+    since it started whose owner is this process or is gone (another live session's containers
+    are not ours to judge)."""
+    started = time.time() - 1
     yield
     try:
         import docker
 
+        from sandboxrun.housekeeping import owner_alive
+
         client = docker.from_env(timeout=10)
-        left = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
+        managed = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
     except Exception:  # no engine here: nothing can have leaked
         return
+    left = [
+        c
+        for c in managed
+        if int(c.labels.get("sandboxrun.created", "0")) >= started
+        and (c.labels.get("sandboxrun.owner_pid") == str(os.getpid()) or not owner_alive(c.labels))
+    ]
     for container in left:
         container.remove(force=True)
     assert not left, f"the tests leaked containers: {[c.name for c in left]}"
