@@ -35,7 +35,6 @@ from sandboxrun.proctree import MARKER_VAR
 from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import SpillDir, default_spill_root
 
-ISOLATION = ("container", "descendant-sweep", "read-only-root", "network-none", "non-root")
 REMOVE_TIMEOUT_S = 30.0
 
 
@@ -58,7 +57,8 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
         return Probe("docker", False, f"cannot inspect image {image}: {exc}", ())
     finally:
         client.close()
-    return Probe("docker", True, None, ISOLATION)
+    default_user = cfg.parse_user(None)
+    return Probe("docker", True, None, tuple(cfg.isolation(Policy(), Limits(), default_user)))
 
 
 def engine_socket() -> str | None:
