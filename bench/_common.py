@@ -12,14 +12,18 @@ import logging
 import math
 import os
 import platform
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 MARKER_VAR = "SANDBOXRUN_RUN_ID"
 
@@ -88,3 +92,138 @@ def quiet_logs() -> None:
     """Silence sandboxrun's one-off "cannot enforce" warning (the process-group backend cannot
     confine the filesystem or the network; that is expected here and not what is measured)."""
     logging.getLogger("sandboxrun").setLevel(logging.ERROR)
+
+
+# -- docker baselines -------------------------------------------------------------------------
+# Imported lazily: the process-group benchmarks never touch the engine.
+
+DOCKER_IMAGE = "sandboxrun/base:latest"
+MANAGED_LABEL = "sandboxrun.managed"
+BENCH_LABEL = "sandboxrun.bench"
+CONTAINER_WORKDIR = "/workspace"
+BASE_TMPFS = "rw,nosuid,nodev,size=256m,mode=1777"
+ENGINE_TIMEOUT_S = 60
+
+
+def docker_client() -> DockerClient:
+    """A plain docker-py client of the baselines (its own connection pool, not sandboxrun's)."""
+    import docker
+
+    client = docker.from_env(timeout=ENGINE_TIMEOUT_S)
+    client.ping()
+    return client
+
+
+def bench_labels(bench: str) -> dict[str, str]:
+    """Labels of every container a benchmark creates itself: managed (so every sweep and the
+    test guard know it), which benchmark, and which process."""
+    return {MANAGED_LABEL: "true", BENCH_LABEL: bench, "sandboxrun.owner_pid": str(os.getpid())}
+
+
+def user_spec() -> str:
+    return f"{os.getuid()}:{os.getgid()}"
+
+
+def create_baseline(client: DockerClient, workspace: Path, bench: str) -> str:
+    """Create (not start) a container like sandboxrun's: same image, ``sleep infinity`` under
+    an init, all capabilities dropped, no new privileges, read-only root with tmpfs /tmp and
+    home, no network, pids and memory limits, no logging, the workspace bound read-write."""
+    from docker.types import LogConfig
+
+    api = client.api
+    host = api.create_host_config(
+        init=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
+        tmpfs={"/tmp": BASE_TMPFS, "/home/sandbox": BASE_TMPFS},
+        pids_limit=512,
+        mem_limit=2 << 30,
+        memswap_limit=2 << 30,
+        network_mode="none",
+        log_config=LogConfig(type=LogConfig.types.NONE),
+        binds={str(workspace): {"bind": CONTAINER_WORKDIR, "mode": "rw"}},
+    )
+    created = api.create_container(
+        DOCKER_IMAGE,
+        command=["sleep", "infinity"],
+        user=user_spec(),
+        labels=bench_labels(bench),
+        working_dir=CONTAINER_WORKDIR,
+        network_disabled=True,
+        host_config=host,
+    )
+    return str(created["Id"])
+
+
+def remove_container(client: DockerClient, container_id: str) -> None:
+    """Force-remove (with its anonymous volumes); already gone is fine."""
+    import docker.errors
+
+    with suppress(docker.errors.NotFound):
+        client.api.remove_container(container_id, force=True, v=True)
+
+
+@contextmanager
+def baseline_container(client: DockerClient, workspace: Path, bench: str) -> Iterator[str]:
+    """A started baseline container, force-removed afterwards whatever happens."""
+    container_id = create_baseline(client, workspace, bench)
+    try:
+        client.api.start(container_id)
+        yield container_id
+    finally:
+        remove_container(client, container_id)
+
+
+def raw_exec(
+    client: DockerClient,
+    container_id: str,
+    cmd: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    chunk: int = 65536,
+) -> tuple[int, int | None]:
+    """The raw Engine API exec, as sandboxrun does it but without it: ``exec_create``,
+    ``exec_start(socket=True)``, read the raw (still multiplexed) socket until EOF, then
+    ``exec_inspect``. Returns ``(stream bytes read, exit code)``."""
+    api = client.api
+    created = api.exec_create(
+        container_id, list(cmd), environment=env, workdir=CONTAINER_WORKDIR, user=user_spec()
+    )
+    exec_id = created["Id"]
+    wrapper = api.exec_start(exec_id, socket=True)
+    sock = getattr(wrapper, "_sock", wrapper)
+    if not isinstance(sock, socket.socket):
+        wrapper.close()
+        raise TypeError(f"unexpected exec stream object {type(sock).__name__}")
+    total = 0
+    try:
+        while True:
+            data = sock.recv(chunk)
+            if not data:
+                break
+            total += len(data)
+    finally:
+        sock.close()
+        wrapper.close()
+    info = api.exec_inspect(exec_id)
+    code = info.get("ExitCode")
+    return total, None if code is None else int(code)
+
+
+def own_containers(client: DockerClient, pid: int | None = None) -> list[str]:
+    """Ids of the managed containers process ``pid`` (default: this one) created, directly or
+    through sandboxrun (both label their containers with the creating pid)."""
+    owner = os.getpid() if pid is None else pid
+    found = client.api.containers(
+        all=True, filters={"label": [f"{MANAGED_LABEL}=true", f"sandboxrun.owner_pid={owner}"]}
+    )
+    return [str(c["Id"]) for c in found]
+
+
+def sweep_own_containers(client: DockerClient, pid: int | None = None) -> list[str]:
+    """Remove whatever :func:`own_containers` finds (there should be nothing); return the ids."""
+    left = own_containers(client, pid)
+    for container_id in left:
+        remove_container(client, container_id)
+    return left

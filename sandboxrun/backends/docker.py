@@ -132,7 +132,7 @@ class DockerBackend:
 
     async def close(self) -> None:
         with anyio.move_on_after(REMOVE_TIMEOUT_S):
-            await anyio.to_thread.run_sync(self._close_sync)
+            await anyio.to_thread.run_sync(self._close_sync, abandon_on_cancel=True)
 
     def _close_sync(self) -> None:
         client, cid = self.client, self.container_id
