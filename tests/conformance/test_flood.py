@@ -1,4 +1,4 @@
-"""A 1 GiB stdout flood through the process-group backend: bounded memory, exact accounting.
+"""A 1 GiB stdout flood through every backend: bounded memory, exact accounting.
 
 Measured in a fresh interpreter so the RSS high-water mark belongs to this run alone.
 """
@@ -22,7 +22,7 @@ CHILD = textwrap.dedent(
     from sandboxrun import Limits, Sandbox
 
     async def main():
-        async with Sandbox(sys.argv[1], backend="process-group",
+        async with Sandbox(sys.argv[1], backend=sys.argv[4],
                            limits=Limits(max_output=int(sys.argv[2]))) as sb:
             await sb.exec(["head", "-c", "1000000", "/dev/zero"])  # warm-up
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -43,9 +43,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_one_gib_flood_is_bounded_and_exact(workspace: Path) -> None:
+def test_one_gib_flood_is_bounded_and_exact(workspace: Path, backend: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(workspace), str(MAX_OUTPUT), str(GIB)],
+        [sys.executable, "-c", CHILD, str(workspace), str(MAX_OUTPUT), str(GIB), backend],
         capture_output=True,
         text=True,
         timeout=180,
@@ -60,4 +60,5 @@ def test_one_gib_flood_is_bounded_and_exact(workspace: Path) -> None:
     assert facts["spill_size"] == SPILL_MAX
     assert facts["spill_zeros"] is True
     assert facts["spill_complete"] is False
-    assert facts["growth"] <= 2 * MAX_OUTPUT + (32 << 20), facts
+    budget = 32 << 20 if backend == "process-group" else 48 << 20  # the SDK's buffers
+    assert facts["growth"] <= 2 * MAX_OUTPUT + budget, facts
