@@ -116,3 +116,67 @@ def signal_all(procs: list[Proc], sig: int) -> None:
                 os.kill(proc.pid, signal.SIGCONT)
         except OSError:
             pass
+
+
+def cgroup_procs_file(pid: int) -> str | None:
+    """The ``cgroup.procs`` file of ``pid``'s cgroup (v2, or v1's pids/memory hierarchy) as
+    seen from here, or None. Every process of a container, exec'd ones too, is listed in it."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:  # noqa: PTH123
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    paths: dict[str, str] = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") if controllers else [""]:
+            paths[name] = path
+    candidates = []
+    if "" in paths:
+        candidates += [f"/sys/fs/cgroup{paths['']}", f"/sys/fs/cgroup/unified{paths['']}"]
+    for name in ("pids", "memory"):
+        if name in paths:
+            candidates.append(f"/sys/fs/cgroup/{name}{paths[name]}")
+    for directory in candidates:
+        procs = f"{directory.rstrip('/')}/cgroup.procs"
+        if pid in read_pids(procs):
+            return procs
+    return None
+
+
+def read_pids(procs_file: str) -> set[int]:
+    try:
+        with open(procs_file) as f:  # noqa: PTH123
+            return {int(line) for line in f if line.strip()}
+    except OSError:
+        return set()
+
+
+def cgroup_members(
+    procs_file: str, run_id: str, *, base: frozenset[int], others: frozenset[str]
+) -> list[Proc]:
+    """Live processes of one exec among a container's cgroup members (exact: forks and env
+    clearing cannot hide from a cgroup). ``base``: the container's own processes. With other
+    execs running, each process goes to the run of its nearest marked ancestor; unmarked
+    orphans are claimed by this run."""
+    table = {p.pid: p for p in map(read_proc, read_pids(procs_file) - base) if p is not None}
+    live = [p for p in table.values() if p.state not in ("Z", "X") or threads_left(p.pid)]
+    if not others:
+        return live
+    owners: dict[int, str | None] = {}
+
+    def owner(pid: int) -> str | None:
+        chain = []
+        while pid in table and pid not in owners:
+            chain.append(pid)
+            mark = marker_of(pid)
+            if mark is not None:
+                owners[pid] = mark
+                break
+            pid = table[pid].ppid
+        found = owners.get(pid) if pid in owners else None
+        for link in chain:
+            owners[link] = owners.get(link, found)
+        return owners.get(chain[0]) if chain else found
+
+    return [p for p in live if owner(p.pid) not in others]

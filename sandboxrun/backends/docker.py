@@ -10,9 +10,9 @@ TERM, grace, KILL until none is left (``docker_run``).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from contextlib import suppress
 from typing import Any
 
 import anyio
@@ -36,6 +36,7 @@ from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import SpillDir, default_spill_root
 
 REMOVE_TIMEOUT_S = 30.0
+log = logging.getLogger("sandboxrun")
 
 
 def probe_docker(image: str = BASE_IMAGE) -> Probe:
@@ -89,6 +90,8 @@ class DockerBackend:
         self.local = False
         self.init_pid: int | None = None
         self.keep: frozenset[int] = frozenset()
+        self.cgroup_procs: str | None = None
+        self.active: set[str] = set()
         self.recycle_needed = False
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -121,6 +124,7 @@ class DockerBackend:
         if self.local:  # the init's children now are the container's own main process
             self.init_pid = pid
             self.keep = frozenset(p.pid for p in proctree.process_table().values() if p.ppid == pid)
+            self.cgroup_procs = proctree.cgroup_procs_file(pid)
 
     def inspect_state(self) -> dict[str, Any]:
         client, cid = self.client, self.container_id
@@ -138,11 +142,16 @@ class DockerBackend:
         client, cid = self.client, self.container_id
         self.container_id = None
         if client is not None and cid is not None:
-            with suppress(docker.errors.NotFound):
+            try:
                 dockerapi.retrying(
                     lambda: client.api.remove_container(cid, force=True, v=True),
                     what="remove the sandbox container",
                 )
+            except docker.errors.NotFound:
+                pass  # removed under us
+            except BackendError as exc:
+                if "already in progress" not in str(exc):
+                    log.warning("sandboxrun: %s (sandboxrun clean will retry)", exc)
         if client is not None:
             client.close()
             self.client = None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import docker.errors
 
 from sandboxrun import dockerapi, proctree
 from sandboxrun.backends import docker_config as cfg
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 CHUNK = 64 * 1024
 YIELD_EVERY = 16
 POLL_S = 0.25
-SWEEP_TICK_S = 0.05
+SWEEP_TICK_S = 0.02
 
 
 def wait_status_from_exit_code(code: int | None) -> int | None:
@@ -69,6 +70,7 @@ class DockerRun:
 
     def _start_sync(self) -> None:
         backend, request = self.backend, self.request
+        backend.active.add(request.run_id)
         created = dockerapi.once(
             lambda: self.api.exec_create(
                 backend.container_id,
@@ -197,21 +199,29 @@ class DockerRun:
 
     async def _settled(self, sig: str) -> int:
         alive = await self._sweep(sig)
-        if not alive:
+        if not alive and not self.backend.cgroup_procs:  # a cgroup listing is exact
             await anyio.sleep(SWEEP_TICK_S)
             alive = await self._sweep(sig)
         return alive
 
     async def _sweep(self, sig: str) -> int:
         """Signal the exec's processes (TERM only once per process); return how many live."""
-        if self.backend.local:
-            backend = self.backend
-            procs = proctree.members(
-                self.request.run_id,
-                init_pid=backend.init_pid,
-                keep=backend.keep,
-                roots=(self.exec_pid,) if self.exec_pid else (),
-            )
+        backend = self.backend
+        if backend.local:
+            if backend.cgroup_procs and backend.init_pid:
+                procs = proctree.cgroup_members(
+                    backend.cgroup_procs,
+                    self.request.run_id,
+                    base=backend.keep | {backend.init_pid},
+                    others=frozenset(backend.active - {self.request.run_id}),
+                )
+            else:
+                procs = proctree.members(
+                    self.request.run_id,
+                    init_pid=backend.init_pid,
+                    keep=backend.keep,
+                    roots=(self.exec_pid,) if self.exec_pid else (),
+                )
             if sig == "TERM":
                 fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
                 self.termed.update((p.pid, p.start) for p in fresh)
@@ -243,7 +253,11 @@ class DockerRun:
 
     # -- result -----------------------------------------------------------------------------
     async def classify(self, result: ExecResult) -> ExecResult:
-        """Container death and OOM are facts of the container, not of the exec's exit code."""
+        """Container death and OOM are facts of the container, not of the exec's exit code
+        (asked only when the exec did not end by a plain exit)."""
+        plain = result.exit_code is not None and result.signal is None and not self.stream_error
+        if plain and result.status in ("completed", "failed"):
+            return result
         state = await anyio.to_thread.run_sync(self._state_or_empty)
         update: dict[str, Any] = {}
         if not state.get("Running"):
@@ -264,10 +278,11 @@ class DockerRun:
     def _state_or_empty(self) -> dict[str, Any]:
         try:
             return self.backend.inspect_state()
-        except BackendError:
+        except (BackendError, docker.errors.NotFound):
             return {}
 
     def close(self) -> None:
+        self.backend.active.discard(self.request.run_id)
         if self.sock is not None:
             with suppress(OSError):
                 self.sock.close()
