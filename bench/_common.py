@@ -15,6 +15,7 @@ import platform
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -116,8 +117,15 @@ def docker_client() -> DockerClient:
 
 def bench_labels(bench: str) -> dict[str, str]:
     """Labels of every container a benchmark creates itself: managed (so every sweep and the
-    test guard know it), which benchmark, and which process."""
-    return {MANAGED_LABEL: "true", BENCH_LABEL: bench, "sandboxrun.owner_pid": str(os.getpid())}
+    test guard know it), which benchmark, and the owner as sandboxrun labels its own (process,
+    host, creation time), so ``sandboxrun clean`` can tell a leaked one from a live one."""
+    return {
+        MANAGED_LABEL: "true",
+        BENCH_LABEL: bench,
+        "sandboxrun.owner_pid": str(os.getpid()),
+        "sandboxrun.owner_host": socket.gethostname(),
+        "sandboxrun.created": str(int(time.time())),
+    }
 
 
 def user_spec() -> str:
