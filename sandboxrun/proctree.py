@@ -180,3 +180,35 @@ def cgroup_members(
         return owners.get(chain[0]) if chain else found
 
     return [p for p in live if owner(p.pid) not in others]
+
+
+def oom_kills(pid: int) -> int | None:
+    """The OOM-kill counter of ``pid``'s memory cgroup (v1 ``memory.oom_control`` or v2
+    ``memory.events``), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:  # noqa: PTH123
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    files = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            files.append(f"/sys/fs/cgroup/memory{path}/memory.oom_control")
+        elif controllers == "":
+            files.append(f"/sys/fs/cgroup{path}/memory.events")
+    for name in files:
+        try:
+            with open(name) as f:  # noqa: PTH123
+                for row in f:
+                    key, _, value = row.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def alive(pid: int) -> bool:
+    proc = read_proc(pid)
+    return proc is not None and proc.state not in ("Z", "X")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -37,8 +38,10 @@ def labels(
     }
 
 
-def check_workspace(root: Path, engine_socket: str | None) -> None:
-    """Refuse workspaces whose bind mount would hand the command the engine or the kernel."""
+def check_workspace(root: Path, engine_socket: str | None, *, max_entries: int = 200_000) -> None:
+    """Refuse workspaces whose bind mount would hand the command the engine or the kernel:
+    at or around /proc, /sys, /dev, /run, the engine socket's directory, or holding a hard link
+    to the engine socket (looked for only when both are on the same filesystem)."""
     text = str(root)
     for forbidden in FORBIDDEN_ROOTS:
         if (
@@ -47,20 +50,53 @@ def check_workspace(root: Path, engine_socket: str | None) -> None:
             or forbidden.startswith(text + "/")
         ):
             raise ConfigError(f"refusing to mount {root}: it exposes {forbidden} to the sandbox")
-    if engine_socket and (engine_socket + "/").startswith(text.rstrip("/") + "/"):
+    if not engine_socket:
+        return
+    if (engine_socket + "/").startswith(text.rstrip("/") + "/"):
         raise ConfigError(
             f"refusing to mount {root}: it contains the engine socket {engine_socket}"
         )
+    try:
+        sock = Path(engine_socket).stat()
+        if root.stat().st_dev != sock.st_dev:
+            return  # hard links cannot cross filesystems
+    except OSError:
+        return
+    seen = 0
+    for directory, _dirs, files in os.walk(root):  # never follows symlinks
+        for name in files:
+            seen += 1
+            try:
+                st = os.lstat(os.path.join(directory, name))  # noqa: PTH118
+            except OSError:
+                continue
+            if st.st_ino == sock.st_ino and st.st_dev == sock.st_dev:
+                where = os.path.join(directory, name)  # noqa: PTH118
+                raise ConfigError(f"refusing to mount {root}: {where} is the engine socket")
+        if seen > max_entries:
+            raise ConfigError(
+                f"refusing to mount {root}: it shares a filesystem with the engine socket and "
+                f"is too large (>{max_entries} files) to check for a hard link to it"
+            )
+
+
+_USER = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
+MAX_ID = 2**31 - 1  # the engine refuses larger ids
 
 
 def parse_user(user: str | None) -> str:
-    """``UID[:GID]`` (numbers), defaulting to the invoking user's uid:gid."""
+    """``UID[:GID]`` (decimal numbers), normalized (``007`` -> ``7:7``); default: the invoking
+    user's uid:gid."""
     if user is None:
         return f"{os.getuid()}:{os.getgid()}"
-    parts = user.split(":")
-    if len(parts) > 2 or not all(p.isdigit() for p in parts):
-        raise ConfigError(f"invalid --user {user!r}: expected UID or UID:GID (numbers)")
-    return user if len(parts) == 2 else f"{user}:{user}"
+    match = _USER.fullmatch(user)
+    if match is None:
+        raise ConfigError(f"invalid --user {user!r}: expected UID or UID:GID (decimal numbers)")
+    uid = int(match.group(1))
+    gid = int(match.group(2)) if match.group(2) is not None else uid
+    if uid > MAX_ID or gid > MAX_ID:
+        raise ConfigError(f"invalid --user {user!r}: ids must be at most {MAX_ID}")
+    return f"{uid}:{gid}"
 
 
 def host_config(
@@ -105,7 +141,7 @@ def isolation(policy: Policy, limits: Limits, user: str) -> list[str]:
         enforced.append("read-only-workspace")
     if policy.network == "none":
         enforced.append("network-none")
-    if not user.startswith("0:") and user != "0":
+    if int(user.split(":")[0]) != 0:
         enforced.append("non-root")
     enforced += ["memory-limit", "pids-limit"]
     if limits.cpus is not None:

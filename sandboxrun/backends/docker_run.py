@@ -29,6 +29,7 @@ CHUNK = 64 * 1024
 YIELD_EVERY = 16
 POLL_S = 0.25
 SWEEP_TICK_S = 0.02
+DEATH_WAIT_S = 1.0
 
 
 def wait_status_from_exit_code(code: int | None) -> int | None:
@@ -50,6 +51,7 @@ class DockerRun:
         self.decoder = FrameDecoder(lambda name, data: self.captures[name].feed(data))
         self.exec_id = ""
         self.exec_pid = 0
+        self.oom_before: int | None = None
         self.sock: socket.socket | None = None
         self.keep: Any = None  # docker-py's socket wrapper, kept alive with the socket
         self.eof = False
@@ -71,6 +73,11 @@ class DockerRun:
     def _start_sync(self) -> None:
         backend, request = self.backend, self.request
         backend.active.add(request.run_id)
+        if backend.init_pid:
+            self.oom_before = proctree.oom_kills(backend.init_pid)
+        if backend.init_pid and not proctree.alive(backend.init_pid):
+            backend.recycle_needed = True
+            raise BackendError("the sandbox container is not running (it will be recreated)")
         created = dockerapi.once(
             lambda: self.api.exec_create(
                 backend.container_id,
@@ -255,19 +262,32 @@ class DockerRun:
     async def classify(self, result: ExecResult) -> ExecResult:
         """Container death and OOM are facts of the container, not of the exec's exit code
         (asked only when the exec did not end by a plain exit)."""
+        backend = self.backend
+        init_dead = bool(backend.init_pid) and not proctree.alive(backend.init_pid or 0)
         plain = result.exit_code is not None and result.signal is None and not self.stream_error
-        if plain and result.status in ("completed", "failed"):
+        if plain and not init_dead and result.status in ("completed", "failed"):
             return result
         state = await anyio.to_thread.run_sync(self._state_or_empty)
+        if result.signal is not None and state.get("Running"):
+            # A signal death may be the container dying (``kill 1`` from elsewhere): the engine
+            # and the init take a moment to show it. Look again, briefly, before deciding.
+            with anyio.move_on_after(DEATH_WAIT_S):
+                while state.get("Running") and not init_dead:
+                    await anyio.sleep(0.05)
+                    init_dead = bool(backend.init_pid) and not proctree.alive(backend.init_pid or 0)
+                    if not backend.init_pid:
+                        state = await anyio.to_thread.run_sync(self._state_or_empty)
         update: dict[str, Any] = {}
-        if not state.get("Running"):
+        oom_after = proctree.oom_kills(backend.init_pid) if backend.init_pid else None
+        exec_oom = None not in (self.oom_before, oom_after) and oom_after != self.oom_before
+        if init_dead or not state.get("Running"):
             update = {
                 "status": "sandbox_error",
                 "error": "the sandbox container stopped or was removed during the exec "
                 f"(state: {state.get('Status', 'gone')})",
             }
-            self.backend.recycle_needed = True
-        elif result.signal == "SIGKILL" and state.get("OOMKilled"):
+            backend.recycle_needed = True
+        elif result.signal == "SIGKILL" and (exec_oom or state.get("OOMKilled")):
             update = {"status": "oom_killed"}
         elif self.stream_error and result.status == "completed":
             update = {"status": "sandbox_error", "error": self.stream_error}
