@@ -19,6 +19,8 @@ import anyio
 
 from sandboxrun.capture import StreamCapture
 from sandboxrun.models import BackendName, ExecResult, Status
+from sandboxrun.spec import ExecRequest
+from sandboxrun.spill import SpillDir, default_spill_root
 
 KILL_BUDGET_S = 5.0
 """How long after the grace period SIGKILL is repeated before survivors are reported."""
@@ -244,4 +246,35 @@ def finish_result(
         argv=facts.argv,
         run_id=facts.run_id,
         error=error,
+    )
+
+
+def captures(request: ExecRequest) -> tuple[StreamCapture, StreamCapture]:
+    """The stdout and stderr captures of one run (spilling under the run's own directory)."""
+    limits = request.limits
+    spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
+    return (
+        StreamCapture("stdout", limits.max_output, limits.spill_max, spill, request.sink),
+        StreamCapture("stderr", limits.max_output, limits.spill_max, spill, request.sink),
+    )
+
+
+def sandbox_error_result(
+    facts: RunFacts, out: StreamCapture, err: StreamCapture, started: float, exc: BaseException
+) -> ExecResult:
+    """The result of a run the backend could not start or lost."""
+    duration = time.monotonic() - started
+    return finish_result(
+        facts, status="sandbox_error", stdout=out, stderr=err, duration_s=duration, error=str(exc)
+    )
+
+
+async def supervise_request(handle: RunHandle, request: ExecRequest, started: float) -> Supervision:
+    limits = request.limits
+    return await supervise(
+        handle,
+        timeout_s=request.timeout_s,
+        grace_s=limits.grace_s,
+        drain_s=limits.drain_s,
+        started=started,
     )

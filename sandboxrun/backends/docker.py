@@ -25,15 +25,19 @@ from sandboxrun.argv import join_path_prepend, shell_argv, wrapped_argv
 from sandboxrun.backends import Probe
 from sandboxrun.backends import docker_config as cfg
 from sandboxrun.backends.docker_run import DockerRun
-from sandboxrun.capture import StreamCapture
 from sandboxrun.errors import BackendError
 from sandboxrun.images import BASE_IMAGE
 from sandboxrun.models import BackendName, ExecResult, Limits, Policy
 from sandboxrun.paths import CONTAINER_ROOT, Workspace
-from sandboxrun.process import RunFacts, build_result, finish_result, supervise
+from sandboxrun.process import (
+    RunFacts,
+    build_result,
+    captures,
+    sandbox_error_result,
+    supervise_request,
+)
 from sandboxrun.proctree import MARKER_VAR
 from sandboxrun.spec import ExecRequest
-from sandboxrun.spill import SpillDir, default_spill_root
 
 REMOVE_TIMEOUT_S = 30.0
 log = logging.getLogger("sandboxrun")
@@ -192,32 +196,15 @@ class DockerBackend:
             await self.open()
         assert self.client is not None and self.container_id is not None
         started = time.monotonic()
-        limits = request.limits
-        spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
-        out = StreamCapture("stdout", limits.max_output, limits.spill_max, spill, request.sink)
-        err = StreamCapture("stderr", limits.max_output, limits.spill_max, spill, request.sink)
+        out, err = captures(request)
         run = DockerRun(self, request, out, err)
         try:
             with anyio.CancelScope(shield=True):
                 try:
                     await run.start()
                 except BackendError as exc:
-                    result = finish_result(
-                        facts,
-                        status="sandbox_error",
-                        stdout=out,
-                        stderr=err,
-                        duration_s=time.monotonic() - started,
-                        error=str(exc),
-                    )
-                    return result, None
-            sup = await supervise(
-                run,
-                timeout_s=request.timeout_s,
-                grace_s=limits.grace_s,
-                drain_s=limits.drain_s,
-                started=started,
-            )
+                    return sandbox_error_result(facts, out, err, started, exc), None
+            sup = await supervise_request(run, request, started)
             result = build_result(facts, sup, out, err)
             with anyio.CancelScope(shield=True):
                 result = await run.classify(result)

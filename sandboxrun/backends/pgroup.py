@@ -32,12 +32,13 @@ from sandboxrun.process import (
     RunFacts,
     Termination,
     build_result,
+    captures,
     finish_result,
-    supervise,
+    sandbox_error_result,
+    supervise_request,
 )
 from sandboxrun.runner_client import Channel, RunnerClient
 from sandboxrun.spec import ExecRequest
-from sandboxrun.spill import SpillDir, default_spill_root
 
 MARKER_VAR = "SANDBOXRUN_RUN_ID"
 CHUNK = 64 * 1024
@@ -218,10 +219,7 @@ class ProcessGroupBackend:
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:
         started = time.monotonic()
-        limits = request.limits
-        spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
-        out = StreamCapture("stdout", limits.max_output, limits.spill_max, spill, request.sink)
-        err = StreamCapture("stderr", limits.max_output, limits.spill_max, spill, request.sink)
+        out, err = captures(request)
         fds: list[int] = []
         try:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -245,15 +243,7 @@ class ProcessGroupBackend:
                     try:
                         spawn_error = await self._spawn(channel, request, [in_r, out_w, err_w])
                     except BackendError as exc:
-                        result = finish_result(
-                            facts,
-                            status="sandbox_error",
-                            stdout=out,
-                            stderr=err,
-                            duration_s=time.monotonic() - started,
-                            error=str(exc),
-                        )
-                        return result, None
+                        return sandbox_error_result(facts, out, err, started, exc), None
                     for fd in (in_r, out_w, err_w):
                         fds.remove(fd)
                         os.close(fd)
@@ -265,13 +255,7 @@ class ProcessGroupBackend:
                     [(out_r, out), (err_r, err)],
                     None if request.stdin is None else (in_w, request.stdin),
                 )
-                sup = await supervise(
-                    run,
-                    timeout_s=request.timeout_s,
-                    grace_s=limits.grace_s,
-                    drain_s=limits.drain_s,
-                    started=started,
-                )
+                sup = await supervise_request(run, request, started)
                 if request.stdin is not None and run._stdin is None:
                     fds.remove(in_w)  # closed by the writer
             finally:
