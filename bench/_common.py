@@ -12,9 +12,11 @@ import logging
 import math
 import os
 import platform
+import resource
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -25,6 +27,8 @@ import psutil
 
 if TYPE_CHECKING:
     from docker import DockerClient
+
+    from sandboxrun import ExecResult
 
 MARKER_VAR = "SANDBOXRUN_RUN_ID"
 
@@ -53,6 +57,82 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def rounded(value: float, digits: int = 3) -> float:
     return round(value, digits)
+
+
+def ms(seconds: float) -> float:
+    return rounded(seconds * 1000.0)
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    """p50/p95/min/max of latencies given in seconds, in milliseconds."""
+    return {
+        "p50_ms": ms(percentile(samples, 50)),
+        "p95_ms": ms(percentile(samples, 95)),
+        "min_ms": ms(min(samples)),
+        "max_ms": ms(max(samples)),
+    }
+
+
+def head_argv(n: int) -> list[str]:
+    return ["head", "-c", str(n), "/dev/zero"]
+
+
+def mb_per_s(n: int, seconds: float) -> float:
+    return n / 1e6 / seconds if seconds > 0 else 0.0
+
+
+def accounting(result: ExecResult, n: int, max_output: int) -> dict[str, Any]:
+    """Whether the run counted every byte of an ``n``-byte stdout flood exactly."""
+    expected_dropped = max(0, n - max_output)
+    return {
+        "status": result.status,
+        "total_bytes": result.stdout_total_bytes,
+        "dropped_bytes": result.stdout_dropped_bytes,
+        "exact": result.status == "completed"
+        and result.stdout_total_bytes == n
+        and result.stdout_dropped_bytes == expected_dropped,
+    }
+
+
+def maxrss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+class RssSampler:
+    """Samples the current RSS every few ms in a thread: ``ru_maxrss`` is a high-water mark
+    since the process started, so growth that stays below an earlier (import-time) peak is
+    invisible to it; the sampled peak shows it (reported, not a target)."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._proc = psutil.Process()
+        self.start_rss = self._proc.memory_info().rss
+        self.peak_rss = self.start_rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+
+
+def latency_stats(latencies: list[float]) -> dict[str, Any]:
+    """p50/max/min and every value, in seconds (the kill benchmarks' shared figures)."""
+    return {
+        "p50_s": rounded(percentile(latencies, 50)),
+        "max_s": rounded(max(latencies)),
+        "min_s": rounded(min(latencies)),
+        "latency_s": [rounded(x) for x in latencies],
+    }
 
 
 def machine() -> dict[str, Any]:

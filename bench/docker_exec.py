@@ -33,11 +33,13 @@ from _common import (
     emit,
     env_int,
     machine,
+    ms,
     own_containers,
     percentile,
     quiet_logs,
     raw_exec,
     rounded,
+    summary,
     sweep_own_containers,
     temp_workspace,
 )
@@ -49,19 +51,6 @@ from sandboxrun.backends.docker_run import DockerRun
 RATIO_TARGET = 1.10
 WARMUP = 5
 PHASES = ("start", "pump", "wait_exit", "terminate", "_settled", "_sweep", "classify")
-
-
-def ms(seconds: float) -> float:
-    return rounded(seconds * 1000.0)
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": ms(percentile(samples, 50)),
-        "p95_ms": ms(percentile(samples, 95)),
-        "min_ms": ms(min(samples)),
-        "max_ms": ms(max(samples)),
-    }
 
 
 def timed_raw(client: DockerClient, container_id: str, cmd: list[str]) -> float:

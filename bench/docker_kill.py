@@ -31,6 +31,7 @@ from _common import (
     emit,
     env_float,
     env_int,
+    latency_stats,
     machine,
     own_containers,
     percentile,
@@ -142,13 +143,9 @@ async def one_run(
 
 
 def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    lat = [r["latency_s"] for r in runs]
     clean = [r["clean_latency_s"] for r in runs if r["clean_latency_s"] is not None]
     return {
-        "p50_s": rounded(percentile(lat, 50)),
-        "max_s": rounded(max(lat)),
-        "min_s": rounded(min(lat)),
-        "latency_s": [rounded(x) for x in lat],
+        **latency_stats([r["latency_s"] for r in runs]),
         "duration_latency_s": [rounded(r["duration_latency_s"]) for r in runs],
         "clean_latency_s": [
             None if r["clean_latency_s"] is None else rounded(r["clean_latency_s"]) for r in runs

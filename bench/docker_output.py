@@ -26,7 +26,6 @@ import os
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,15 @@ from typing import Any
 import anyio
 import psutil
 from _common import (
+    RssSampler,
+    accounting,
     docker_client,
     emit,
     env_int,
+    head_argv,
     machine,
+    maxrss_bytes,
+    mb_per_s,
     own_containers,
     quiet_logs,
     raw_exec,
@@ -47,7 +51,7 @@ from _common import (
 )
 from docker import DockerClient
 
-from sandboxrun import ExecResult, Limits, Sandbox
+from sandboxrun import Limits, Sandbox
 
 MAX_OUTPUT = 65536
 READ_CHUNK = 65536
@@ -55,14 +59,6 @@ EXEC_TIMEOUT_S = 100.0
 RATIO_TARGET = 0.8
 RSS_SLACK = 48 * 1024 * 1024
 CHILD_TIMEOUT_S = 110.0
-
-
-def head_argv(n: int) -> list[str]:
-    return ["head", "-c", str(n), "/dev/zero"]
-
-
-def mb_per_s(n: int, seconds: float) -> float:
-    return n / 1e6 / seconds if seconds > 0 else 0.0
 
 
 def engine_processes() -> list[psutil.Process]:
@@ -131,18 +127,6 @@ def raw_once(client: DockerClient, container_id: str, n: int) -> tuple[float, in
     return elapsed, stream_bytes
 
 
-def accounting(result: ExecResult, n: int) -> dict[str, Any]:
-    expected_dropped = max(0, n - MAX_OUTPUT)
-    return {
-        "status": result.status,
-        "total_bytes": result.stdout_total_bytes,
-        "dropped_bytes": result.stdout_dropped_bytes,
-        "exact": result.status == "completed"
-        and result.stdout_total_bytes == n
-        and result.stdout_dropped_bytes == expected_dropped,
-    }
-
-
 async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
     limits = Limits(max_output=MAX_OUTPUT, spill_max=0, grace_s=1.0)
     raw_s: list[float] = []
@@ -167,7 +151,7 @@ async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
                     sbx_s.append(time.perf_counter() - start)
                 cpu["sandboxrun"].append(meter.report())
                 sbx_duration_s.append(result.duration_s)
-                checks.append(accounting(result, n))
+                checks.append(accounting(result, n, MAX_OUTPUT))
 
             for i in range(repeats):
                 if i % 2:
@@ -202,37 +186,6 @@ async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
 # -- child mode: peak RSS growth of a fresh process ---------------------------------------------
 
 
-def maxrss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-class RssSampler:
-    """Samples the current RSS every few ms in a thread: ``ru_maxrss`` is a high-water mark
-    since the process started, so growth that stays below an earlier (import-time) peak is
-    invisible to it; the sampled peak shows it (reported, not a target)."""
-
-    def __init__(self, interval_s: float = 0.002) -> None:
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._proc = psutil.Process()
-        self.start_rss = self._proc.memory_info().rss
-        self.peak_rss = self.start_rss
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
-
-
 async def child(variant: str, n: int, workspace: Path) -> dict[str, Any]:
     if variant == "nospill":
         limits = Limits(max_output=MAX_OUTPUT, spill_max=0, grace_s=1.0)
@@ -257,7 +210,7 @@ async def child(variant: str, n: int, workspace: Path) -> dict[str, Any]:
         "mb_per_s": rounded(mb_per_s(n, wall), 1),
         "spill_file_bytes": Path(spill).stat().st_size if spill else None,
         "spill_complete": result.stdout_spill_complete,
-        "accounting": accounting(result, n),
+        "accounting": accounting(result, n, MAX_OUTPUT),
     }
 
 

@@ -34,12 +34,14 @@ from _common import (
     emit,
     env_int,
     machine,
+    ms,
     own_containers,
     percentile,
     quiet_logs,
     raw_exec,
     remove_container,
     rounded,
+    summary,
     sweep_own_containers,
     temp_workspace,
 )
@@ -50,19 +52,6 @@ from sandboxrun.backends.docker import DockerBackend
 
 RATIO_TARGET = 1.2
 BENCH = "docker_start"
-
-
-def ms(seconds: float) -> float:
-    return rounded(seconds * 1000.0)
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": ms(percentile(samples, 50)),
-        "p95_ms": ms(percentile(samples, 95)),
-        "min_ms": ms(min(samples)),
-        "max_ms": ms(max(samples)),
-    }
 
 
 @contextmanager

@@ -27,9 +27,9 @@ from _common import (
     emit,
     env_float,
     env_int,
+    latency_stats,
     machine,
     marked_alive,
-    percentile,
     quiet_logs,
     rounded,
     temp_workspace,
@@ -91,12 +91,8 @@ async def one_run(sb: Sandbox, hostile: bool, timeout_s: float) -> dict[str, Any
 
 
 def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    lat = [r["latency_s"] for r in runs]
     return {
-        "p50_s": rounded(percentile(lat, 50)),
-        "max_s": rounded(max(lat)),
-        "min_s": rounded(min(lat)),
-        "latency_s": [rounded(x) for x in lat],
+        **latency_stats([r["latency_s"] for r in runs]),
         "duration_latency_s": [rounded(r["duration_latency_s"]) for r in runs],
         "statuses": sorted({r["status"] for r in runs}),
         "survivors": [r["survivors"] for r in runs],

@@ -17,19 +17,28 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
-import psutil
-from _common import emit, env_int, machine, quiet_logs, rounded, temp_workspace
+from _common import (
+    RssSampler,
+    accounting,
+    emit,
+    env_int,
+    head_argv,
+    machine,
+    maxrss_bytes,
+    mb_per_s,
+    quiet_logs,
+    rounded,
+    temp_workspace,
+)
 
-from sandboxrun import ExecResult, Limits, Sandbox
+from sandboxrun import Limits, Sandbox
 
 MAX_OUTPUT = 65536
 READ_CHUNK = 65536
@@ -37,14 +46,6 @@ EXEC_TIMEOUT_S = 100.0
 RATIO_TARGET = 0.7
 RSS_SLACK = 32 * 1024 * 1024
 CHILD_TIMEOUT_S = 110.0
-
-
-def head_argv(n: int) -> list[str]:
-    return ["head", "-c", str(n), "/dev/zero"]
-
-
-def mb_per_s(n: int, seconds: float) -> float:
-    return n / 1e6 / seconds if seconds > 0 else 0.0
 
 
 def raw_once(n: int) -> float:
@@ -67,18 +68,6 @@ def raw_once(n: int) -> float:
     return elapsed
 
 
-def accounting(result: ExecResult, n: int) -> dict[str, Any]:
-    expected_dropped = max(0, n - MAX_OUTPUT)
-    return {
-        "status": result.status,
-        "total_bytes": result.stdout_total_bytes,
-        "dropped_bytes": result.stdout_dropped_bytes,
-        "exact": result.status == "completed"
-        and result.stdout_total_bytes == n
-        and result.stdout_dropped_bytes == expected_dropped,
-    }
-
-
 async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
     limits = Limits(max_output=MAX_OUTPUT, spill_max=0, grace_s=1.0)
     raw_s: list[float] = []
@@ -94,7 +83,7 @@ async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
             result = await sb.exec(head_argv(n), timeout=EXEC_TIMEOUT_S)
             sbx_s.append(time.perf_counter() - start)
             sbx_duration_s.append(result.duration_s)
-            checks.append(accounting(result, n))
+            checks.append(accounting(result, n, MAX_OUTPUT))
     raw_best = mb_per_s(n, min(raw_s))
     sbx_best = mb_per_s(n, min(sbx_s))
     return {
@@ -110,37 +99,6 @@ async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
 
 
 # -- child mode: peak RSS growth of a fresh process ---------------------------------------------
-
-
-def maxrss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-class RssSampler:
-    """Samples the current RSS every few ms in a thread: ``ru_maxrss`` is a high-water mark
-    since the process started, so growth that stays below an earlier (import-time) peak is
-    invisible to it; the sampled peak shows it (reported, not a target)."""
-
-    def __init__(self, interval_s: float = 0.002) -> None:
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._proc = psutil.Process()
-        self.start_rss = self._proc.memory_info().rss
-        self.peak_rss = self.start_rss
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
 
 
 async def child(variant: str, n: int, workspace: Path) -> dict[str, Any]:
@@ -167,7 +125,7 @@ async def child(variant: str, n: int, workspace: Path) -> dict[str, Any]:
         "mb_per_s": rounded(mb_per_s(n, wall), 1),
         "spill_file_bytes": Path(spill).stat().st_size if spill else None,
         "spill_complete": result.stdout_spill_complete,
-        "accounting": accounting(result, n),
+        "accounting": accounting(result, n, MAX_OUTPUT),
     }
 
 

@@ -15,26 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _common import emit, env_int, machine, percentile, quiet_logs, rounded, temp_workspace
+from _common import emit, env_int, machine, quiet_logs, rounded, summary, temp_workspace
 
 from sandboxrun import Limits, Sandbox
 
 RATIO_TARGET = 3.0
 BLOCK = 20
 WARMUP = 10
-
-
-def ms(seconds: float) -> float:
-    return rounded(seconds * 1000.0)
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": ms(percentile(samples, 50)),
-        "p95_ms": ms(percentile(samples, 95)),
-        "min_ms": ms(min(samples)),
-        "max_ms": ms(max(samples)),
-    }
 
 
 def raw_true() -> float:
