@@ -30,6 +30,7 @@ YIELD_EVERY = 16
 POLL_S = 0.25
 SWEEP_TICK_S = 0.02
 DEATH_WAIT_S = 1.0
+LEFTOVER_DEATH_WAIT_S = 0.2
 
 
 def wait_status_from_exit_code(code: int | None) -> int | None:
@@ -60,6 +61,7 @@ class DockerRun:
         self.exit_info: dict[str, Any] | None = None
         self.termination: Termination | None = None
         self.termed: set[tuple[int, int]] = set()
+        self.had_leftovers = False
         self.stdin_left = request.stdin
 
     @property
@@ -190,6 +192,7 @@ class DockerRun:
             info = await anyio.to_thread.run_sync(self._inspect)
             self.exec_pid = int(info.get("Pid") or 0) if info.get("Running") else 0
         alive = await self._settled("TERM")
+        self.had_leftovers = alive > 0 and self.exit_info is not None  # after a normal exit
         deadline = time.monotonic() + grace_s
         while alive and time.monotonic() < deadline:
             await anyio.sleep(SWEEP_TICK_S)
@@ -265,13 +268,14 @@ class DockerRun:
         backend = self.backend
         init_dead = bool(backend.init_pid) and not proctree.alive(backend.init_pid or 0)
         plain = result.exit_code is not None and result.signal is None and not self.stream_error
-        if plain and not init_dead and result.status in ("completed", "failed"):
+        if plain and not init_dead and not self.had_leftovers:
             return result
         state = await anyio.to_thread.run_sync(self._state_or_empty)
-        if result.signal is not None and state.get("Running"):
-            # A signal death may be the container dying (``kill 1`` from elsewhere): the engine
-            # and the init take a moment to show it. Look again, briefly, before deciding.
-            with anyio.move_on_after(DEATH_WAIT_S):
+        unsent_signal = result.status == "failed" and result.signal is not None
+        if (unsent_signal or self.had_leftovers) and state.get("Running"):
+            # A signal sandboxrun did not send, or leftovers that had to be killed, may mean the
+            # container is dying (``kill 1``): the engine and the init take a moment to show it.
+            with anyio.move_on_after(DEATH_WAIT_S if unsent_signal else LEFTOVER_DEATH_WAIT_S):
                 while state.get("Running") and not init_dead:
                     await anyio.sleep(0.05)
                     init_dead = bool(backend.init_pid) and not proctree.alive(backend.init_pid or 0)
