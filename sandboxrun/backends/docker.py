@@ -130,6 +130,13 @@ class DockerBackend:
             self.keep = frozenset(p.pid for p in proctree.process_table().values() if p.ppid == pid)
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
 
+    def dying(self) -> bool:
+        """Whether the container's own processes (init, main) are gone: read from /proc, so it
+        shows at once what the engine reports a moment later (local engines only)."""
+        if not self.init_pid:
+            return False
+        return not all(proctree.alive(pid) for pid in (self.init_pid, *self.keep))
+
     def inspect_state(self) -> dict[str, Any]:
         client, cid = self.client, self.container_id
         assert client is not None and cid is not None

@@ -77,7 +77,7 @@ class DockerRun:
         backend.active.add(request.run_id)
         if backend.init_pid:
             self.oom_before = proctree.oom_kills(backend.init_pid)
-        if backend.init_pid and not proctree.alive(backend.init_pid):
+        if backend.dying():
             backend.recycle_needed = True
             raise BackendError("the sandbox container is not running (it will be recreated)")
         created = dockerapi.once(
@@ -266,7 +266,7 @@ class DockerRun:
         """Container death and OOM are facts of the container, not of the exec's exit code
         (asked only when the exec did not end by a plain exit)."""
         backend = self.backend
-        init_dead = bool(backend.init_pid) and not proctree.alive(backend.init_pid or 0)
+        init_dead = backend.dying()
         plain = result.exit_code is not None and result.signal is None and not self.stream_error
         if plain and not init_dead and not self.had_leftovers:
             return result
@@ -278,7 +278,7 @@ class DockerRun:
             with anyio.move_on_after(DEATH_WAIT_S if unsent_signal else LEFTOVER_DEATH_WAIT_S):
                 while state.get("Running") and not init_dead:
                     await anyio.sleep(0.05)
-                    init_dead = bool(backend.init_pid) and not proctree.alive(backend.init_pid or 0)
+                    init_dead = backend.dying()
                     if not backend.init_pid:
                         state = await anyio.to_thread.run_sync(self._state_or_empty)
         update: dict[str, Any] = {}
