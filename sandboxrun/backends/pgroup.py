@@ -9,7 +9,6 @@ visible, and termination sweeps the whole tree. It gives ``own-session`` and
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import shutil
 import sys
@@ -18,7 +17,6 @@ from contextlib import suppress
 from pathlib import Path
 
 import anyio
-import anyio.lowlevel
 import anyio.to_thread
 import psutil
 
@@ -27,6 +25,7 @@ from sandboxrun.backends import Probe
 from sandboxrun.capture import StreamCapture
 from sandboxrun.errors import BackendError
 from sandboxrun.models import BackendName, ExecResult
+from sandboxrun.pipes import FdPump, output_pipe
 from sandboxrun.process import (
     KILL_BUDGET_S,
     RunFacts,
@@ -41,10 +40,6 @@ from sandboxrun.runner_client import Channel, RunnerClient
 from sandboxrun.spec import ExecRequest
 
 MARKER_VAR = "SANDBOXRUN_RUN_ID"
-CHUNK = 64 * 1024
-"""Read size: reads above glibc's mmap threshold (128 KiB) cost an mmap+munmap each (4x slower)."""
-PIPE_SIZE = 1 << 20
-YIELD_EVERY = 16
 ISOLATION = ("own-session", "descendant-sweep")
 SPAWN_TIMEOUT_S = 10.0
 ANSWER_MARGIN_S = 5.0
@@ -73,8 +68,7 @@ class _Run:
     ) -> None:
         self._client = client
         self._channel = channel
-        self._open = list(streams)
-        self._stdin = stdin
+        self._pump = FdPump(streams, stdin)
         self._termination: Termination | None = None
 
     async def wait_exit(self) -> int | None:
@@ -108,47 +102,37 @@ class _Run:
             peak_rss_bytes=int(rss) * 1024 if rss else None,
         )
 
+    @property
+    def stdin_closed(self) -> bool:
+        return self._pump.stdin_closed
+
     async def pump(self) -> None:
-        async with anyio.create_task_group() as tg:
-            for stream in list(self._open):
-                tg.start_soon(self._read, stream)
-            if self._stdin is not None:
-                tg.start_soon(self._write_stdin)
+        await self._pump.pump()
 
-    async def _read(self, stream: tuple[int, StreamCapture]) -> None:
-        """Read first, wait only when the pipe is empty (a wait per chunk halves throughput);
-        yield to the event loop every few chunks so a flood cannot starve other tasks."""
-        fd, capture = stream
-        reads = 0
-        while True:
-            try:
-                data = os.read(fd, CHUNK)
-            except BlockingIOError:
-                await anyio.wait_readable(fd)
-                continue
-            if not data:
-                self._open.remove(stream)
-                return
-            capture.feed(data)
-            reads += 1
-            if reads % YIELD_EVERY == 0:
-                await anyio.lowlevel.checkpoint()
 
-    async def _write_stdin(self) -> None:
-        assert self._stdin is not None
-        fd, data = self._stdin
-        view = memoryview(data)
-        try:
-            while view:
-                await anyio.wait_writable(fd)
-                try:
-                    view = view[os.write(fd, view) :]
-                except BlockingIOError:
-                    continue
-        except OSError:  # the command closed its stdin: what it did not read is dropped
-            pass
-        os.close(fd)
-        self._stdin = None
+def local_env(request: ExecRequest) -> dict[str, str]:
+    """The command's environment on the host: the built env, the run marker, PATH prepends
+    (in shell mode applied by the login shell after the profile)."""
+    env = dict(request.env)
+    env[MARKER_VAR] = request.run_id
+    if request.path_prepend:
+        joined = join_path_prepend(request.path_prepend)
+        if request.script is not None:
+            env[PATH_PREPEND_VAR] = joined
+        else:
+            env["PATH"] = f"{joined}:{env['PATH']}" if env.get("PATH") else joined
+    return env
+
+
+def local_command(request: ExecRequest) -> list[str]:
+    """The argv that runs ``request`` on the host (argv mode as is; shell mode via bash/sh)."""
+    if request.script is None:
+        assert request.argv is not None
+        return list(request.argv)
+    shell = shutil.which("bash", path=request.env.get("PATH")) or shutil.which(
+        "sh", path=request.env.get("PATH")
+    )
+    return shell_argv(request.script, shell=shell or "/bin/sh")
 
 
 def sweep_marked(run_id: str, grace_s: float) -> int:
@@ -192,25 +176,8 @@ class ProcessGroupBackend:
     def isolation(self, request: ExecRequest) -> list[str]:
         return list(ISOLATION)
 
-    def _env(self, request: ExecRequest) -> dict[str, str]:
-        env = dict(request.env)
-        env[MARKER_VAR] = request.run_id
-        if request.path_prepend:
-            joined = join_path_prepend(request.path_prepend)
-            if request.script is not None:
-                env[PATH_PREPEND_VAR] = joined
-            else:
-                env["PATH"] = f"{joined}:{env['PATH']}" if env.get("PATH") else joined
-        return env
-
     def command(self, request: ExecRequest) -> list[str]:
-        if request.script is None:
-            assert request.argv is not None
-            return list(request.argv)
-        shell = shutil.which("bash", path=request.env.get("PATH")) or shutil.which(
-            "sh", path=request.env.get("PATH")
-        )
-        return shell_argv(request.script, shell=shell or "/bin/sh")
+        return local_command(request)
 
     def describe(self, request: ExecRequest) -> list[str]:
         return self.command(request)
@@ -222,9 +189,9 @@ class ProcessGroupBackend:
         out, err = captures(request)
         fds: list[int] = []
         try:
-            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            out_r, out_w = output_pipe()
             fds += [out_r, out_w]
-            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = output_pipe()
             fds += [err_r, err_w]
             if request.stdin is None:
                 in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
@@ -233,10 +200,6 @@ class ProcessGroupBackend:
                 in_r, in_w = os.pipe2(os.O_CLOEXEC)
                 fds += [in_r, in_w]
                 os.set_blocking(in_w, False)
-            for fd in (out_r, err_r):
-                os.set_blocking(fd, False)
-                with suppress(OSError):
-                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
             channel = self._client.open_channel(request.run_id)
             try:
                 with anyio.CancelScope(shield=True):
@@ -256,7 +219,7 @@ class ProcessGroupBackend:
                     None if request.stdin is None else (in_w, request.stdin),
                 )
                 sup = await supervise_request(run, request, started)
-                if request.stdin is not None and run._stdin is None:
+                if request.stdin is not None and run.stdin_closed:
                     fds.remove(in_w)  # closed by the writer
             finally:
                 self._client.close_channel(request.run_id)
@@ -274,7 +237,7 @@ class ProcessGroupBackend:
         """Send the spawn; return the runner's spawn_error message, or None when it started."""
         message = {
             "argv": self.command(request),
-            "env": self._env(request),
+            "env": local_env(request),
             "cwd": str(request.workdir),
             "grace": request.limits.grace_s,
         }
