@@ -80,9 +80,9 @@ def probe(name: BackendName, image: str | None = None) -> Probe:
         from sandboxrun.images import BASE_IMAGE
 
         return probe_docker(image or BASE_IMAGE)
-    return Probe(
-        "systemd-scope", False, "the systemd-scope backend is not implemented yet (issue #4)", ()
-    )
+    from sandboxrun.backends.systemd import probe_systemd
+
+    return probe_systemd()
 
 
 def create(name: BackendName, ctx: Context) -> Backend:
@@ -94,6 +94,10 @@ def create(name: BackendName, ctx: Context) -> Backend:
         from sandboxrun.backends.docker import DockerBackend
 
         return DockerBackend(ctx.workspace, ctx.policy, ctx.limits, ctx.image, ctx.user)
+    if name == "systemd-scope":
+        from sandboxrun.backends.systemd import SystemdScopeBackend
+
+        return SystemdScopeBackend()
     raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
 
 

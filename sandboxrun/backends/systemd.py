@@ -1,0 +1,314 @@
+"""The systemd-scope backend: each command in its own transient scope (a cgroup).
+
+The fallback when containers are unavailable and systemd is: as root the system manager, as
+another user that user's manager. A scope gives ``cgroup`` (the whole managed range, exact),
+``own-session`` and the resource limits systemd really applied (checked in the scope's cgroup
+files, per run); it cannot make the file system read-only or cut the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import anyio
+import psutil
+
+from sandboxrun.backends import Probe
+from sandboxrun.backends import systemd_config as cfg
+from sandboxrun.backends.pgroup import local_command, local_env, spawn_exit_code
+from sandboxrun.backends.systemd_run import ScopeRun, read_text
+from sandboxrun.errors import BackendError
+from sandboxrun.models import BackendName, ExecResult, Limits, Status
+from sandboxrun.pipes import FdPump, output_pipe
+from sandboxrun.process import (
+    RunFacts,
+    Termination,
+    build_result,
+    captures,
+    finish_result,
+    sandbox_error_result,
+    supervise_request,
+)
+from sandboxrun.spec import ExecRequest
+
+BASE_ISOLATION = ("cgroup", "own-session", "descendant-sweep")
+LIMIT_NAMES = ("memory-limit", "cpu-limit", "pids-limit")
+LAUNCHER = str(Path(__file__).resolve().parent.parent / "_launcher.py")
+PROBE_TIMEOUT_S = 10.0
+SPAWN_TIMEOUT_S = 15.0
+
+
+def manager_mode() -> cfg.Mode:
+    """root talks to the system manager, everyone else to their own user manager."""
+    return "system" if os.geteuid() == 0 else "user"
+
+
+def manager_env(mode: cfg.Mode) -> dict[str, str]:
+    """The environment of systemd-run/systemctl: only what reaching the manager needs (the
+    command's own environment goes through the launcher, never through systemd)."""
+    env = {"PATH": os.environ.get("PATH") or os.defpath, "LC_ALL": "C", "SYSTEMD_PAGER": ""}
+    if mode == "user":
+        for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"):
+            if os.environ.get(name):
+                env[name] = os.environ[name]
+    return env
+
+
+def tools() -> tuple[str, str] | str:
+    """``(systemd-run, systemctl)`` paths, or why they cannot be used."""
+    if not sys.platform.startswith("linux"):
+        return "needs Linux"
+    run, ctl = shutil.which("systemd-run"), shutil.which("systemctl")
+    if run is None or ctl is None:
+        return "systemd-run/systemctl not found on PATH"
+    return run, ctl
+
+
+def _probe_command(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=PROBE_TIMEOUT_S,
+        check=False,
+    )
+
+
+def probe_systemd() -> Probe:
+    found = tools()
+    if isinstance(found, str):
+        return Probe("systemd-scope", False, found, ())
+    run, ctl = found
+    mode = manager_mode()
+    env = manager_env(mode)
+    manager = "the system manager" if mode == "system" else "the user manager"
+    if mode == "user" and "XDG_RUNTIME_DIR" not in env:
+        return Probe(
+            "systemd-scope",
+            False,
+            "XDG_RUNTIME_DIR is not set: no user manager to reach (log in, or enable lingering)",
+            (),
+        )
+    try:
+        state = _probe_command(cfg.systemctl_argv(ctl, mode, "is-system-running"), env)
+        status = state.stdout.strip()
+        if status in ("", "offline", "unknown"):
+            why = cfg.probe_reason("", state.stderr, state.returncode, "systemctl")
+            return Probe("systemd-scope", False, f"{manager} is not usable: {why}", ())
+        unit = cfg.unit_name(f"probe-{os.getpid()}-{time.monotonic_ns()}")
+        trial = _probe_command(
+            [
+                *cfg.systemd_run_argv(
+                    run, mode, unit, "sandboxrun probe", Limits(), [sys.executable, "-c", ""]
+                )
+            ],
+            env,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Probe("systemd-scope", False, f"{manager} is not usable: {exc}", ())
+    if trial.returncode != 0:
+        why = cfg.probe_reason(trial.stdout, trial.stderr, trial.returncode, "systemd-run --scope")
+        return Probe("systemd-scope", False, f"systemd-run --scope fails: {why}", ())
+    return Probe("systemd-scope", True, None, BASE_ISOLATION)
+
+
+def requested_limits(limits: Limits) -> list[str]:
+    wanted = []
+    if limits.memory_bytes is not None:
+        wanted.append("memory-limit")
+    if limits.cpus is not None:
+        wanted.append("cpu-limit")
+    if limits.pids is not None:
+        wanted.append("pids-limit")
+    return wanted
+
+
+def _pure_v2(mount: str = "/sys/fs/cgroup") -> bool:
+    return Path(mount, "cgroup.controllers").exists()
+
+
+class SystemdScopeBackend:
+    name: BackendName = "systemd-scope"
+
+    def __init__(self, mode: cfg.Mode | None = None) -> None:
+        self.mode: cfg.Mode = mode or manager_mode()
+        self._tools: tuple[str, str] | None = None
+        self._owner = (os.getpid(), int(psutil.Process().create_time()))
+
+    async def open(self) -> None:
+        found = tools()
+        if isinstance(found, str):
+            raise BackendError(found)
+        self._tools = found
+
+    async def close(self) -> None:
+        """Nothing outlives a run: every exec empties its scope before it returns."""
+
+    def isolation(self, request: ExecRequest) -> list[str]:
+        return [*BASE_ISOLATION, *requested_limits(request.limits)]
+
+    def command(self, request: ExecRequest) -> list[str]:
+        return local_command(request)
+
+    def _systemd_run_argv(self, request: ExecRequest, inner: list[str]) -> list[str]:
+        run = self._tools[0] if self._tools else "systemd-run"
+        desc = cfg.description(request.run_id, *self._owner)
+        unit = cfg.unit_name(request.run_id)
+        return cfg.systemd_run_argv(run, self.mode, unit, desc, request.limits, inner)
+
+    def describe(self, request: ExecRequest) -> list[str]:
+        """systemd-run's argv around the command (a launcher in between applies env and cwd)."""
+        return self._systemd_run_argv(request, self.command(request))
+
+    async def exec(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        if self._tools is None:
+            await self.open()
+        assert self._tools is not None
+        started = time.monotonic()
+        out, err = captures(request)
+        fds: list[int] = []
+        run: ScopeRun | None = None
+        try:
+            out_r, out_w = output_pipe()
+            err_r, err_w = output_pipe()
+            fds += [out_r, out_w, err_r, err_w]
+            if request.stdin is None:
+                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+                fds.append(in_r)
+            else:
+                in_r, in_w = os.pipe2(os.O_CLOEXEC)
+                fds += [in_r, in_w]
+                os.set_blocking(in_w, False)
+            status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            fds += [status_r, status_w]
+            os.set_blocking(status_r, False)
+            spec_fd = _spec_memfd(request)
+            fds.append(spec_fd)
+            inner = [sys.executable, "-I", "-S", "-B", LAUNCHER]
+            inner += [str(fd) for fd in (spec_fd, status_w, in_r, out_w, err_w)]
+            argv = self._systemd_run_argv(request, inner)
+            with anyio.CancelScope(shield=True):
+                try:
+                    proc = subprocess.Popen(  # noqa: ASYNC220 (vfork+exec: no wait)
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=status_w,
+                        stderr=status_w,
+                        pass_fds=(spec_fd, status_w, in_r, out_w, err_w),
+                        start_new_session=True,
+                        env=manager_env(self.mode),
+                    )
+                except OSError as exc:
+                    return sandbox_error_result(facts, out, err, started, exc), None
+                for fd in (spec_fd, status_w, in_r, out_w, err_w):
+                    fds.remove(fd)
+                    os.close(fd)
+                fds.remove(status_r)
+                stdin = None if request.stdin is None else (in_w, request.stdin)
+                pump = FdPump([(out_r, out), (err_r, err)], stdin)
+                run = ScopeRun(
+                    proc,
+                    cfg.unit_name(request.run_id),
+                    self.mode,
+                    self._tools[1],
+                    manager_env(self.mode),
+                    pump,
+                    status_r,
+                )
+                early = await self._launch(run, request, facts)
+            assert run is not None
+            if early is not None:
+                status, code, why, survivors = early
+                result = finish_result(
+                    facts,
+                    status=status,
+                    exit_code=code,
+                    stdout=out,
+                    stderr=err,
+                    duration_s=time.monotonic() - started,
+                    termination=Termination(survivors=survivors),
+                    error=why,
+                )
+                return result, None
+            sup = await supervise_request(run, request, started)
+            if request.stdin is not None and run.stdin_closed:
+                fds.remove(in_w)
+            cpu, rss = run.accounting_figures()
+            sup.termination.cpu_s, sup.termination.peak_rss_bytes = cpu, rss
+            result = build_result(facts, sup, out, err)
+            if run.accounting.oom_kills and result.status == "failed":
+                result = result.model_copy(update={"status": "oom_killed"})
+            return result, sup.cancel_exc
+        finally:
+            if run is not None:
+                run.close()
+            for fd in fds:
+                with suppress(OSError):
+                    os.close(fd)
+            out.close()
+            err.close()
+
+    async def _launch(
+        self, run: ScopeRun, request: ExecRequest, facts: RunFacts
+    ) -> tuple[Status, int | None, str, int] | None:
+        """Wait until the launcher exec'd the command inside the scope. None when it runs;
+        else ``(status, exit_code, error, survivors)`` of a run that ended before it began."""
+        report = await run.read_status(SPAWN_TIMEOUT_S)
+        if report is not None and report.launched and report.spawn_error is None:
+            if report.cgroup is not None:
+                with suppress(ValueError):
+                    run.paths = cfg.cgroup_paths(report.cgroup, run.unit, pure_v2=_pure_v2())
+            self._check_limits(run, request, facts)
+            return None
+        survivors = (await run.terminate(0.0)).survivors
+        status = await run.wait_exit()
+        code = None if status is None else os.waitstatus_to_exitcode(status)
+        if report is not None and report.spawn_error is not None:
+            errno_value = report.spawn_error.get("errno")
+            exit_code = spawn_exit_code(errno_value if isinstance(errno_value, int) else 0)
+            return "spawn_error", exit_code, str(report.spawn_error.get("error")), survivors
+        if report is None:
+            why = f"systemd-run did not start the scope within {SPAWN_TIMEOUT_S:g} s"
+        else:
+            said = report.messages or "no message"
+            why = f"systemd-run could not start the scope (exit code {code}): {said}"
+        return "sandbox_error", None, why, survivors
+
+    def _check_limits(self, run: ScopeRun, request: ExecRequest, facts: RunFacts) -> None:
+        """Keep in ``isolation`` only the limits the scope's cgroup really shows."""
+        wanted = requested_limits(request.limits)
+        if not wanted:
+            return
+        files = cfg.limit_files(run.paths) if run.paths is not None else {}
+        for name in wanted:
+            if not cfg.limit_applied(name, read_text(files.get(name)), request.limits):
+                facts.isolation = [g for g in facts.isolation if g != name]
+                if name not in facts.missing:
+                    facts.missing = [*facts.missing, name]
+
+
+def _spec_memfd(request: ExecRequest) -> int:
+    """The command's argv, environment and working directory in a private memfd."""
+    spec = {
+        "argv": local_command(request),
+        "env": local_env(request),
+        "cwd": str(request.workdir),
+    }
+    fd = os.memfd_create("sandboxrun-spec", os.MFD_CLOEXEC)
+    data = json.dumps(spec).encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -1,0 +1,205 @@
+"""One command in its own transient systemd scope: the ``RunHandle`` of the systemd-scope backend.
+
+The scope (a cgroup) is the managed range: every process the command starts, however it forks,
+``setsid``s or clears its environment, stays in it. Termination is ``systemctl kill
+--kill-whom=all`` with TERM (and CONT, for stopped processes), the grace period, then KILL
+repeated until the scope's ``cgroup.procs`` is empty, which is when the unit goes inactive and
+(``--collect``) disappears. Until the launcher has reported from inside the scope, the only
+process there can be is our own child (systemd-run or the launcher), which is signalled by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+
+import anyio
+
+from sandboxrun import proctree
+from sandboxrun.backends.systemd_config import (
+    CgroupPaths,
+    Mode,
+    StatusReport,
+    cpu_usage_s,
+    kill_argv,
+    oom_count,
+    parse_status,
+)
+from sandboxrun.pipes import FdPump
+from sandboxrun.process import KILL_BUDGET_S, Termination
+
+POLL_S = 0.02
+KILL_REPEAT_S = 0.5
+SYSTEMCTL_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Accounting:
+    """What the scope's cgroup said about the run while it still existed."""
+
+    cpu_s: float | None = None
+    oom_kills: int = 0
+
+
+def read_text(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path) as f:  # noqa: PTH123
+            return f.read()
+    except OSError:
+        return None
+
+
+class ScopeRun:
+    """The ``RunHandle`` of one command in ``unit``, started as our child ``proc``."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        unit: str,
+        mode: Mode,
+        systemctl: str,
+        manager_env: dict[str, str],
+        pump: FdPump,
+        status_fd: int,
+    ) -> None:
+        self.proc = proc
+        self.unit = unit
+        self.mode = mode
+        self.systemctl = systemctl
+        self.manager_env = manager_env
+        self._pump = pump
+        self._status_fd = status_fd
+        self._pidfd = os.pidfd_open(proc.pid)
+        self.paths: CgroupPaths | None = None
+        self.wait_status: int | None = None
+        self.cpu_rusage_s: float | None = None
+        self.maxrss_kb: int | None = None
+        self.accounting = Accounting()
+        self._termination: Termination | None = None
+
+    @property
+    def stdin_closed(self) -> bool:
+        return self._pump.stdin_closed
+
+    async def read_status(self, timeout_s: float) -> StatusReport | None:
+        """Read the status pipe to EOF (the launcher exec'd, failed, or systemd-run gave up);
+        None when it did not end within ``timeout_s``."""
+        data = bytearray()
+        with anyio.move_on_after(timeout_s):
+            while True:
+                try:
+                    chunk = os.read(self._status_fd, 65536)
+                except BlockingIOError:
+                    await anyio.wait_readable(self._status_fd)
+                    continue
+                if not chunk:
+                    return parse_status(bytes(data))
+                data += chunk
+        return None
+
+    async def wait_exit(self) -> int | None:
+        if self.wait_status is None:
+            await anyio.wait_readable(self._pidfd)
+            self.sample()  # the main process is a zombie: the scope may still be there
+            _, status, usage = os.wait4(self.proc.pid, 0)  # noqa: ASYNC222 (exited: no wait)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.wait_status = status
+            self.cpu_rusage_s = usage.ru_utime + usage.ru_stime
+            self.maxrss_kb = usage.ru_maxrss
+        return self.wait_status
+
+    def sample(self) -> None:
+        """Read the scope's accounting (CPU time, OOM kills) while its cgroup exists."""
+        paths = self.paths
+        if paths is None:
+            return
+        cpu_file = f"{paths.cpuacct}/cpu.stat" if paths.v2 else f"{paths.cpuacct}/cpuacct.usage"
+        text = read_text(cpu_file if paths.cpuacct else None)
+        cpu = None if text is None else cpu_usage_s(text, v2=paths.v2)
+        if cpu is not None:
+            self.accounting.cpu_s = max(cpu, self.accounting.cpu_s or 0.0)
+        oom_file = (
+            f"{paths.memory}/memory.events" if paths.v2 else f"{paths.memory}/memory.oom_control"
+        )
+        text = read_text(oom_file if paths.memory else None)
+        count = None if text is None else oom_count(text)
+        if count:
+            self.accounting.oom_kills = max(count, self.accounting.oom_kills)
+
+    def members(self) -> list[int]:
+        """Live processes of the run: the scope's members and, until reaped, our child."""
+        live: set[int] = set()
+        if self.paths is not None:
+            for pid in proctree.read_pids(self.paths.procs):
+                if proctree.alive(pid) or proctree.threads_left(pid):
+                    live.add(pid)
+        if self.wait_status is None and proctree.alive(self.proc.pid):
+            live.add(self.proc.pid)
+        return sorted(live)
+
+    async def _signal(self, name: str, number: int) -> None:
+        if self.wait_status is None:  # not reaped: the pid cannot have been reused
+            with suppress(OSError):
+                os.kill(self.proc.pid, number)
+        with suppress(OSError):
+            with anyio.move_on_after(SYSTEMCTL_TIMEOUT_S):
+                await anyio.run_process(
+                    kill_argv(self.systemctl, self.mode, self.unit, name),
+                    check=False,
+                    env=self.manager_env,
+                    stdin=subprocess.DEVNULL,
+                )
+
+    async def _until_empty(self, seconds: float) -> list[int]:
+        end = time.monotonic() + seconds
+        left = self.members()
+        while left and time.monotonic() < end:
+            await anyio.sleep(POLL_S)
+            left = self.members()
+        return left
+
+    async def terminate(self, grace_s: float) -> Termination:
+        if self._termination is None:
+            self._termination = await self._terminate(grace_s)
+        return self._termination
+
+    async def _terminate(self, grace_s: float) -> Termination:
+        left = self.members()
+        if left:
+            self.sample()
+            await self._signal("SIGTERM", signal.SIGTERM)
+            await self._signal("SIGCONT", signal.SIGCONT)
+            left = await self._until_empty(grace_s)
+        end = time.monotonic() + KILL_BUDGET_S
+        while left and time.monotonic() < end:
+            await self._signal("SIGKILL", signal.SIGKILL)
+            left = await self._until_empty(min(KILL_REPEAT_S, max(0.0, end - time.monotonic())))
+        return Termination(survivors=len(left))
+
+    def accounting_figures(self) -> tuple[float | None, int | None]:
+        """``(cpu_s, peak_rss_bytes)``: the scope's CPU time where it could be read (it counts
+        orphans too), else the main process's rusage; peak RSS from rusage."""
+        cpus = [c for c in (self.accounting.cpu_s, self.cpu_rusage_s) if c is not None]
+        cpu = round(max(cpus), 6) if cpus else None
+        rss = self.maxrss_kb * 1024 if self.maxrss_kb else None
+        return cpu, rss
+
+    async def pump(self) -> None:
+        await self._pump.pump()
+
+    def close(self) -> None:
+        for fd in (self._pidfd, self._status_fd):
+            with suppress(OSError):
+                os.close(fd)
+        if self.proc.returncode is None:  # never reaped (should not happen): do not leak it
+            with suppress(OSError):
+                os.kill(self.proc.pid, 9)
+            with suppress(ChildProcessError, OSError):
+                os.waitpid(self.proc.pid, 0)
+            self.proc.returncode = -9
