@@ -64,12 +64,10 @@ def fail(code: int, message: str) -> typer.Exit:
 
 
 def summary(result: ExecResult, live_dropped: int = 0) -> str | None:
-    """One line on what the user should know: truncation, timeout, fallback, survivors."""
+    """One line on what the user should know: truncation, timeout, survivors."""
     parts: list[str] = []
     if live_dropped:
         parts.append(f"{live_dropped} bytes of live output not shown (terminal too slow)")
-    if result.fallback_reason:
-        parts.append(f"ran on {result.backend} (fallback: {result.fallback_reason})")
     if result.timed_out:
         parts.append(f"timed out after {result.duration_s:.1f}s")
     for name in ("stdout", "stderr"):
@@ -200,6 +198,10 @@ def run(
         raise fail(EXIT_SANDBOX, str(exc)) from None
     except KeyboardInterrupt:
         raise fail(130, "interrupted") from None
+    if result.fallback_reason:
+        sys.stderr.write(
+            f"sandboxrun: warning: falling back to {result.backend}: {result.fallback_reason}\n"
+        )
     if result.missing_guarantees:
         sys.stderr.write(
             f"sandboxrun: warning: {result.backend} cannot enforce: "
@@ -238,35 +240,59 @@ def doctor(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 @app.command()
 def ps(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List sandboxrun's containers (label sandboxrun.managed=true), owner alive or not."""
+    """List sandboxrun's containers (label sandboxrun.managed=true) and scopes (units
+    sandboxrun-*.scope), owner alive or not."""
     from sandboxrun import dockerapi, housekeeping
+    from sandboxrun.backends import probe
 
+    rows: list[dict[str, object]] = []
     try:
-        rows = housekeeping.list_managed(dockerapi.connect())
+        containers = housekeeping.list_managed(dockerapi.connect(dockerapi.PROBE_TIMEOUT_S))
+        rows += [{"kind": "container", **row.__dict__} for row in containers]
     except (SandboxUnavailableError, BackendError) as exc:
-        raise fail(EXIT_SANDBOX, str(exc)) from None
+        sys.stderr.write(f"containers: skipped ({exc})\n")
+    systemd = probe("systemd-scope")
+    if systemd.available:
+        for scope in housekeeping.list_scopes():
+            rows.append({"kind": "scope", "id": scope.unit, **scope.__dict__})
+    else:
+        sys.stderr.write(f"scopes: skipped ({systemd.reason})\n")
     if json_out:
-        sys.stdout.write(json.dumps([row.__dict__ for row in rows]) + "\n")
+        sys.stdout.write(json.dumps(rows) + "\n")
         return
     for row in rows:
-        owner = f"{row.owner_pid}@{row.owner_host}"
-        alive = "owner alive" if row.owner_alive else "owner gone"
-        sys.stdout.write(f"{row.id[:12]}  {row.name:<24} {row.status:<24} {owner:<24} {alive}\n")
+        alive = "owner alive" if row["owner_alive"] else "owner gone"
+        if row["kind"] == "container":
+            owner = f"{row['owner_pid']}@{row['owner_host']}"
+            ident, name, status = str(row["id"])[:12], row["name"], row["status"]
+        else:
+            owner, ident, name, status = str(row["owner_pid"]), "scope", row["unit"], row["state"]
+        sys.stdout.write(f"{ident:<12}  {name!s:<24} {status!s:<24} {owner:<24} {alive}\n")
 
 
 @app.command()
 def clean(
     older_than: Annotated[float, typer.Option("--older-than", help="spill age, hours")] = 24.0,
     spill_dir: Annotated[Path | None, typer.Option("--spill-dir")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="every managed container")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="every managed container/scope")] = False,
 ) -> None:
-    """Remove managed containers whose owner is gone (--all: every one) and old spill files."""
+    """Remove managed containers and stop scopes whose owner is gone (--all: every one), and
+    old spill files."""
     from sandboxrun import dockerapi, housekeeping
+    from sandboxrun.backends import probe
 
     root = spill_dir or default_spill_root()
     removed = prune(root, older_than * 3600) if root.is_dir() else []
     noun = "directory" if len(removed) == 1 else "directories"
     sys.stdout.write(f"removed {len(removed)} spill {noun}\n")
+    systemd = probe("systemd-scope")
+    if systemd.available:
+        scopes = [s for s in housekeeping.list_scopes() if all_ or not s.owner_alive]
+        for scope in scopes:
+            housekeeping.stop_scope(scope.unit)
+        sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
+    else:
+        sys.stdout.write(f"scopes: skipped ({systemd.reason})\n")
     try:
         client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
     except SandboxUnavailableError as exc:

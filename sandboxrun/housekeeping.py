@@ -1,19 +1,22 @@
-"""``sandboxrun ps`` and ``sandboxrun clean``: managed containers whose owner is gone.
+"""``sandboxrun ps`` and ``sandboxrun clean``: managed containers and scopes whose owner is gone.
 
-Only containers labelled ``sandboxrun.managed=true`` are ever listed or touched. A container's
-owner is alive when it was created on this host and its ``owner_pid`` is a live process that
-started before the container was created (so a reused pid does not count).
+Only containers labelled ``sandboxrun.managed=true`` and units named ``sandboxrun-*.scope`` are
+ever listed or touched. A container's owner is alive when it was created on this host and its
+``owner_pid`` is a live process that started before the container was created (so a reused pid
+does not count); a scope's owner (pid and start time) is in its Description.
 """
 
 from __future__ import annotations
 
 import socket
+import subprocess
 from dataclasses import dataclass
 
 import psutil
 from docker import DockerClient
 
 from sandboxrun import dockerapi
+from sandboxrun.backends import systemd_config
 from sandboxrun.backends.docker_config import LABEL
 
 
@@ -68,3 +71,67 @@ def remove(client: DockerClient, container_id: str) -> None:
         lambda: client.api.remove_container(container_id, force=True, v=True),
         what=f"remove container {container_id[:12]}",
     )
+
+
+@dataclass(frozen=True)
+class ManagedScope:
+    unit: str
+    state: str
+    owner_pid: int | None
+    owner_alive: bool
+
+
+def scope_owner_alive(owner: tuple[int, int] | None) -> bool:
+    """The process that started a scope still runs (same pid and start time)."""
+    if owner is None:
+        return False
+    pid, started = owner
+    try:
+        proc = psutil.Process(pid)
+        return abs(int(proc.create_time()) - started) <= 1 and proc.status() != "zombie"
+    except psutil.Error:
+        return False
+
+
+def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
+    from sandboxrun.backends.systemd import manager_env, manager_mode
+
+    mode = manager_mode()
+    return subprocess.run(
+        systemd_config.systemctl_argv("systemctl", mode, *args),
+        capture_output=True,
+        text=True,
+        env=manager_env(mode),
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+
+
+def list_scopes() -> list[ManagedScope]:
+    """sandboxrun's transient scopes known to this user's (or, as root, the system) manager."""
+    pattern = f"{systemd_config.UNIT_PREFIX}*{systemd_config.UNIT_SUFFIX}"
+    shown = _systemctl("show", "-p", "Id", "-p", "Description", "-p", "ActiveState", pattern)
+    rows = []
+    for unit in systemd_config.parse_units(shown.stdout):
+        if not systemd_config.is_our_unit(unit["Id"]) or unit.get("ActiveState") == "inactive":
+            continue
+        owner = systemd_config.owner_of(unit.get("Description", ""))
+        rows.append(
+            ManagedScope(
+                unit=unit["Id"],
+                state=unit.get("ActiveState", "?"),
+                owner_pid=None if owner is None else owner[0],
+                owner_alive=scope_owner_alive(owner),
+            )
+        )
+    return rows
+
+
+def stop_scope(unit: str) -> None:
+    """Stop a leftover scope: TERM, its grace (``TimeoutStopSec``), KILL; then it is gone."""
+    if not systemd_config.is_our_unit(unit):
+        raise ValueError(f"{unit} is not a sandboxrun unit")
+    stopped = _systemctl("stop", unit)
+    if stopped.returncode != 0:
+        _systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", unit)

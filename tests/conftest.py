@@ -30,7 +30,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=["process-group", "docker"])
+@pytest.fixture(params=["process-group", "docker", "systemd-scope"])
 def backend(request: pytest.FixtureRequest) -> str:
     """Conformance tests run on every backend; one whose probe fails is skipped with why."""
     name = backends.check_name(str(request.param))

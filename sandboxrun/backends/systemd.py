@@ -103,6 +103,10 @@ def probe_systemd() -> Probe:
         status = state.stdout.strip()
         if status in ("", "offline", "unknown"):
             why = cfg.probe_reason("", state.stderr, state.returncode, "systemctl")
+            if mode == "system" and not Path("/run/systemd/system").is_dir():
+                why = "System has not been booted with systemd as init system (PID 1)"
+            elif not state.stderr.strip():
+                why = f"systemctl is-system-running says {status or 'nothing'}"
             return Probe("systemd-scope", False, f"{manager} is not usable: {why}", ())
         unit = cfg.unit_name(f"probe-{os.getpid()}-{time.monotonic_ns()}")
         trial = _probe_command(

@@ -45,6 +45,8 @@ def owner_of(description_text: str) -> tuple[int, int] | None:
 def properties(limits: Limits) -> list[str]:
     """``-p`` assignments from the limits (accounting is always on, for the result)."""
     props = ["CPUAccounting=yes", "MemoryAccounting=yes", "TasksAccounting=yes"]
+    # ``systemctl stop`` (``sandboxrun clean``) then also does TERM, the grace, KILL
+    props.append(f"TimeoutStopSec={max(1, round(limits.grace_s * 1000))}ms")
     if limits.pids is not None:
         props.append(f"TasksMax={limits.pids}")
     if limits.memory_bytes is not None:

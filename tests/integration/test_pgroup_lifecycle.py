@@ -15,7 +15,7 @@ import psutil
 import pytest
 from helpers import assert_nothing_left, processes_with_arg, wait_until
 
-from sandboxrun import ConfigError, Limits, Sandbox, SandboxUnavailableError, WorkspaceError
+from sandboxrun import ConfigError, Limits, Sandbox, WorkspaceError
 from sandboxrun.backends.pgroup import ProcessGroupBackend
 
 pytestmark = pytest.mark.anyio
@@ -141,28 +141,6 @@ def test_host_killed_mid_run_leaves_nothing(workspace: Path, tmp_path: Path) -> 
     assert wait_until(
         lambda: not processes_with_arg("8765.5") and not processes_with_arg("8765.25"), 5
     ), "the run outlived its host"
-
-
-@pytest.fixture
-def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-
-
-@pytest.mark.usefixtures("no_engine")
-async def test_explicit_unavailable_backend_never_falls_back(workspace: Path) -> None:
-    with pytest.raises(SandboxUnavailableError) as info:
-        async with Sandbox(workspace, backend="docker"):
-            pass
-    assert "docker" in str(info.value)
-
-
-@pytest.mark.usefixtures("no_engine")
-async def test_auto_falls_back_and_says_why(workspace: Path) -> None:
-    async with Sandbox(workspace) as sb:
-        result = await sb.exec(["true"])
-    assert result.backend == "process-group"
-    assert result.fallback_reason is not None
-    assert "docker" in result.fallback_reason
 
 
 async def test_runner_is_reaped_after_close(workspace: Path) -> None:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The systemd-scope backend's real tests: builds the "systemd test host" image on the offline
+# bootstrap, boots it with systemd as PID 1, and runs the systemd tests inside it with sandboxrun
+# from this working tree: as root (system manager) and as a lingering user (user manager).
+# Needs .venv (scripts/test.sh makes it) and a Docker engine. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+IMAGE=sandboxrun/systemd-host:test
+suite=$(.venv/bin/python -c 'from sandboxrun.images import host_source; print(host_source()[1])')
+base=sandboxrun/bootstrap:$suite
+docker image inspect "$base" >/dev/null 2>&1 || .venv/bin/sandboxrun image bootstrap >/dev/null
+docker build -q -t "$IMAGE" --build-arg BASE_IMAGE="$base" \
+  --label sandboxrun.managed=true tests/systemd_host >/dev/null
+
+name="sandboxrun-systemd-host-$$"
+cleanup() { docker rm -f "$name" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+docker run -d --name "$name" \
+  --label sandboxrun.managed=true --label sandboxrun.owner_pid=$$ \
+  --label sandboxrun.owner_host="$(hostname)" --label sandboxrun.created="$(date +%s)" \
+  --cap-add SYS_ADMIN --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
+  --tmpfs /run --tmpfs /run/lock -v "$PWD":/src:ro "$IMAGE" >/dev/null
+
+state=""
+for _ in $(seq 1 120); do
+  state=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
+  case "$state" in running|degraded) break ;; esac
+  sleep 0.5
+done
+case "$state" in
+  running|degraded) ;;
+  *) echo "the systemd test host did not boot (state: ${state:-none})" >&2
+     docker logs "$name" 2>&1 | tail -20 >&2; exit 1 ;;
+esac
+
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+site=/src/${site#"$PWD"/}
+run_tests() {  # user, extra env, pytest args...
+  local user=$1 env=$2; shift 2
+  docker exec -u "$user" -w /tmp -e PYTHONPATH="/src:$site" -e PYTHONDONTWRITEBYTECODE=1 \
+    -e SANDBOXRUN_REQUIRE_BACKENDS=systemd-scope,process-group $env "$name" \
+    python3 -m pytest -p no:cacheprovider --rootdir=/src -c /src/pyproject.toml "$@"
+}
+echo "== systemd-scope tests as root (system manager)"
+run_tests root "-e HOME=/root" /src/tests -k "systemd or fallback or Fallback" "$@"
+echo "== systemd-scope tests as a lingering user (user manager)"
+run_tests tester "-e HOME=/home/tester -e XDG_RUNTIME_DIR=/run/user/1000" \
+  /src/tests/conformance /src/tests/integration/test_systemd.py -k "systemd" "$@"

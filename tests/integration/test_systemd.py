@@ -1,0 +1,235 @@
+"""The systemd-scope backend on a real systemd (run inside the systemd test host by
+scripts/systemd-host.sh, as root and as a lingering user). Outside such a host the probe fails
+and these tests skip with the probe's reason; the last test checks that reason here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from helpers import assert_nothing_left, processes_with_arg, wait_until
+
+from sandboxrun import Limits, Policy, Sandbox
+from sandboxrun.backends import probe
+from sandboxrun.backends import systemd_config as cfg
+from sandboxrun.backends.systemd import manager_env, manager_mode
+from sandboxrun.errors import PolicyRefusedError
+
+pytestmark = pytest.mark.anyio
+
+FAST = Limits(grace_s=0.5, drain_s=0.5)
+PROBE = probe("systemd-scope")
+needs_systemd = pytest.mark.skipif(
+    not PROBE.available, reason=f"systemd-scope unavailable here: {PROBE.reason}"
+)
+if not PROBE.available and "systemd-scope" in os.environ.get(
+    "SANDBOXRUN_REQUIRE_BACKENDS", ""
+).split(","):
+    raise RuntimeError(f"systemd-scope is required but unavailable: {PROBE.reason}")
+
+
+def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
+    mode = manager_mode()
+    return subprocess.run(
+        cfg.systemctl_argv("systemctl", mode, *args),
+        capture_output=True,
+        text=True,
+        env=manager_env(mode),
+        check=False,
+        timeout=30,
+    )
+
+
+def our_units() -> list[str]:
+    shown = systemctl("show", "-p", "Id", "-p", "Description", "-p", "ActiveState", "sandboxrun-*")
+    return [u["Id"] for u in cfg.parse_units(shown.stdout) if u.get("ActiveState") != "inactive"]
+
+
+def unit_gone(run_id: str) -> bool:
+    state = systemctl("show", "-P", "ActiveState", cfg.unit_name(run_id)).stdout.strip()
+    return state in ("", "inactive")
+
+
+@needs_systemd
+async def test_argv_and_env_reach_the_command_unexpanded(workspace: Path) -> None:
+    tricky = ["$VAR", "${x}", "%n", "%%", "two words", "line\nbreak", "\\", "'\"", ""]
+    env = {"VAR": "expanded", "x": "expanded", "TRICKY": "$VAR ${x} %n %h\nnext"}
+    async with Sandbox(workspace, backend="systemd-scope", limits=FAST, env=env) as sb:
+        result = await sb.exec(
+            [
+                sys.executable,
+                "-c",
+                "import sys, os; print(repr(sys.argv[1:])); print(repr(os.environ['TRICKY']))",
+                *tricky,
+            ]
+        )
+    assert result.status == "completed", result
+    assert result.stdout == f"{tricky!r}\n{env['TRICKY']!r}\n"
+
+
+@needs_systemd
+async def test_runs_in_its_own_named_scope_that_is_gone_afterwards(workspace: Path) -> None:
+    async with Sandbox(workspace, backend="systemd-scope", limits=FAST) as sb:
+        result = await sb.exec(shell="cat /proc/self/cgroup; pwd", workdir="sub/dir")
+    unit = cfg.unit_name(result.run_id)
+    assert result.status == "completed"
+    assert f"/{unit}\n" in result.stdout
+    assert result.stdout.endswith(f"{workspace / 'sub' / 'dir'}\n")
+    assert "cgroup" in result.isolation
+    assert wait_until(lambda: unit_gone(result.run_id))
+
+
+@needs_systemd
+async def test_limits_are_applied_or_reported_missing(workspace: Path) -> None:
+    limits = Limits(grace_s=0.5, memory_bytes=64 << 20, pids=40, cpus=0.5)
+    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+        result = await sb.exec(shell="cat /proc/self/cgroup")
+    wanted = {"memory-limit", "cpu-limit", "pids-limit"}
+    assert result.status == "completed"
+    assert wanted <= set(result.isolation) | set(result.missing_guarantees)
+    assert not wanted & set(result.isolation) & set(result.missing_guarantees)
+    if manager_mode() == "system":  # the system manager applies them (cgroup v1 and v2)
+        assert wanted <= set(result.isolation), result.missing_guarantees
+
+
+@needs_systemd
+async def test_pids_limit_stops_a_fork_bomb(workspace: Path) -> None:
+    limits = Limits(grace_s=0.5, drain_s=0.5, pids=20)
+    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+        result = await sb.exec(
+            shell="for i in $(seq 60); do sleep 30 & done 2>/dev/null; echo spawned", timeout=3
+        )
+    if "pids-limit" not in result.isolation:
+        pytest.skip(f"this manager does not apply TasksMax: {result.missing_guarantees}")
+    assert result.status == "completed"
+    assert result.survivors == 0
+    assert_nothing_left(result.run_id)
+
+
+@needs_systemd
+async def test_memory_hog_is_oom_killed(workspace: Path) -> None:
+    limits = Limits(grace_s=0.5, memory_bytes=64 << 20)
+    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+        result = await sb.exec([sys.executable, "-c", "x = b'a' * (400 << 20); print('survived')"])
+    if "memory-limit" not in result.isolation:
+        pytest.skip(f"this manager does not apply MemoryMax: {result.missing_guarantees}")
+    assert result.status == "oom_killed", result
+    assert result.signal == "SIGKILL"
+    assert "survived" not in result.stdout
+
+
+@needs_systemd
+async def test_cpu_time_counts_an_orphan(workspace: Path) -> None:
+    script = "(setsid sh -c 'i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done' &) ; sleep 3"
+    async with Sandbox(workspace, backend="systemd-scope", limits=FAST) as sb:
+        result = await sb.exec(shell=script)
+    assert result.status == "completed"
+    assert result.cpu_s is not None
+    assert result.cpu_s > 0.2  # the orphan's busy loop, not only the sleeping main process
+
+
+@needs_systemd
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.005, 0.02, 0.1])
+async def test_cancel_around_scope_creation_leaves_nothing(workspace: Path, delay: float) -> None:
+    tok = f"{os.getpid()}{int(delay * 1000)}.5"
+    async with Sandbox(workspace, backend="systemd-scope", limits=FAST) as sb:
+        with anyio.move_on_after(delay):
+            await sb.exec(shell=f"trap '' TERM; (setsid sleep {tok} &); sleep {tok}")
+        result = sb.last_result
+    assert result is not None
+    assert result.status == "cancelled"
+    assert result.survivors == 0
+    assert wait_until(lambda: not processes_with_arg(tok), 3)
+    assert wait_until(lambda: unit_gone(result.run_id), 3)
+
+
+@needs_systemd
+async def test_systemd_run_failure_is_sandbox_error_with_its_message(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit name that is taken (a real scope holds it) makes systemd-run itself fail."""
+    taken = f"taken{os.getpid()}"
+    holder = subprocess.Popen(
+        cfg.systemd_run_argv(
+            "systemd-run",
+            manager_mode(),
+            cfg.unit_name(taken),
+            "test",
+            Limits(),
+            ["sleep", "60"],
+        ),
+        env=manager_env(manager_mode()),
+    )
+    try:
+        assert wait_until(lambda: not unit_gone(taken))
+        monkeypatch.setattr("sandboxrun.sandbox.new_run_id", lambda: taken)
+        async with Sandbox(workspace, backend="systemd-scope", limits=FAST) as sb:
+            result = await sb.exec(["echo", "never"])
+        assert result.status == "sandbox_error"
+        assert result.error is not None
+        assert "systemd-run could not start the scope" in result.error
+        assert "already" in result.error.lower()
+        assert result.stdout == ""
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@needs_systemd
+async def test_strict_refuses_what_a_scope_cannot_give(workspace: Path) -> None:
+    async with Sandbox(
+        workspace, backend="systemd-scope", policy=Policy(access="read-only", strict=True)
+    ) as sb:
+        with pytest.raises(PolicyRefusedError) as info:
+            await sb.exec(["true"])
+    for missing in ("read-only-workspace", "read-only-root", "network-none"):
+        assert missing in str(info.value)
+
+
+@needs_systemd
+def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Path) -> None:
+    tok = f"{os.getpid()}.77"
+    script = tmp_path / "host.py"
+    script.write_text(
+        "import anyio, sys\n"
+        "from sandboxrun import Sandbox\n"
+        "async def main():\n"
+        f"    async with Sandbox({str(workspace)!r}, backend='systemd-scope') as sb:\n"
+        f"        await sb.exec(shell='(setsid sleep {tok} &); echo started; sleep {tok}',"
+        " sink=lambda n, b: print('live', flush=True))\n"
+        "anyio.run(main)\n"
+    )
+    host = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    assert host.stdout is not None
+    assert host.stdout.readline().startswith("live")
+    host.send_signal(signal.SIGKILL)
+    host.wait()
+    assert processes_with_arg(tok)  # the scope outlives its SIGKILLed owner...
+    leftover = our_units()
+    assert leftover
+    ps = subprocess.run(
+        [sys.executable, "-m", "sandboxrun", "ps"], capture_output=True, text=True, check=False
+    )
+    assert any(u in ps.stdout for u in leftover), ps.stdout
+    clean = subprocess.run(
+        [sys.executable, "-m", "sandboxrun", "clean"], capture_output=True, text=True, check=False
+    )
+    assert clean.returncode == 0, clean.stderr
+    assert wait_until(lambda: not processes_with_arg(tok), 5)  # ...until clean stops it
+    assert not our_units()
+
+
+def test_probe_reason_is_exact_without_systemd() -> None:
+    if Path("/run/systemd/system").is_dir():
+        pytest.skip("systemd is running here")
+    assert not PROBE.available
+    assert PROBE.reason
+    known = ("booted with systemd", "Failed to connect to bus", "not found on PATH", "offline")
+    assert any(k in PROBE.reason for k in known), PROBE.reason
