@@ -50,14 +50,17 @@ def no_leaked_containers() -> Iterator[None]:
     are not ours to judge)."""
     started = time.time() - 1
     yield
+    from sandboxrun import dockerapi
+    from sandboxrun.housekeeping import owner_alive
+
     try:
-        import docker
-
-        from sandboxrun.housekeeping import owner_alive
-
-        client = docker.from_env(timeout=10)
-        managed = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
+        client = dockerapi.connect(10)  # checks the socket first (docker-py would leak one)
     except Exception:  # no engine here: nothing can have leaked
+        return
+    try:
+        managed = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
+    except Exception:
+        client.close()
         return
     left = [
         c
@@ -67,4 +70,5 @@ def no_leaked_containers() -> Iterator[None]:
     ]
     for container in left:
         container.remove(force=True)
+    client.close()
     assert not left, f"the tests leaked containers: {[c.name for c in left]}"

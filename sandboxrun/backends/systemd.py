@@ -251,7 +251,7 @@ class SystemdScopeBackend:
             cpu, rss = run.accounting_figures()
             sup.termination.cpu_s, sup.termination.peak_rss_bytes = cpu, rss
             result = build_result(facts, sup, out, err)
-            if run.accounting.oom_kills and result.status == "failed":
+            if result.status == "failed" and run.oom_killed(result.signal, run.sent_kill):
                 result = result.model_copy(update={"status": "oom_killed"})
             return result, sup.cancel_exc
         finally:
@@ -273,6 +273,7 @@ class SystemdScopeBackend:
             if report.cgroup is not None:
                 with suppress(ValueError):
                     run.paths = cfg.cgroup_paths(report.cgroup, run.unit, pure_v2=_pure_v2())
+                    run.accounting.slice_oom_before = run.slice_oom_kills()
             self._check_limits(run, request, facts)
             return None
         survivors = (await run.terminate(0.0)).survivors

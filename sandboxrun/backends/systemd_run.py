@@ -16,6 +16,7 @@ import subprocess
 import time
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 
@@ -33,6 +34,7 @@ from sandboxrun.pipes import FdPump
 from sandboxrun.process import KILL_BUDGET_S, Termination
 
 POLL_S = 0.02
+SAMPLE_EVERY_S = 0.25
 KILL_REPEAT_S = 0.5
 SYSTEMCTL_TIMEOUT_S = 10.0
 
@@ -43,6 +45,9 @@ class Accounting:
 
     cpu_s: float | None = None
     oom_kills: int = 0
+    slice_oom_before: int | None = None
+    """The OOM-kill counter of the scope's parent (hierarchical) when the run started: if the
+    scope's own cgroup is gone before it is read, a rise here is the evidence left."""
 
 
 def read_text(path: str | None) -> str | None:
@@ -82,6 +87,7 @@ class ScopeRun:
         self.maxrss_kb: int | None = None
         self.accounting = Accounting()
         self._termination: Termination | None = None
+        self.sent_kill = False
 
     @property
     def stdin_closed(self) -> bool:
@@ -105,7 +111,11 @@ class ScopeRun:
 
     async def wait_exit(self) -> int | None:
         if self.wait_status is None:
-            await anyio.wait_readable(self._pidfd)
+            while True:  # sample now and then: systemd removes an emptied scope's cgroup
+                with anyio.move_on_after(SAMPLE_EVERY_S):
+                    await anyio.wait_readable(self._pidfd)
+                    break
+                self.sample()
             self.sample()  # the main process is a zombie: the scope may still be there
             _, status, usage = os.wait4(self.proc.pid, 0)  # noqa: ASYNC222 (exited: no wait)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -119,9 +129,13 @@ class ScopeRun:
         paths = self.paths
         if paths is None:
             return
-        cpu_file = f"{paths.cpuacct}/cpu.stat" if paths.v2 else f"{paths.cpuacct}/cpuacct.usage"
-        text = read_text(cpu_file if paths.cpuacct else None)
-        cpu = None if text is None else cpu_usage_s(text, v2=paths.v2)
+        cpu = None
+        if paths.unified is not None:  # v2, or hybrid: its core cpu.stat counts every task
+            text = read_text(f"{paths.unified}/cpu.stat")
+            cpu = None if text is None else cpu_usage_s(text, v2=True)
+        if cpu is None and paths.cpuacct is not None and not paths.v2:
+            text = read_text(f"{paths.cpuacct}/cpuacct.usage")
+            cpu = None if text is None else cpu_usage_s(text, v2=False)
         if cpu is not None:
             self.accounting.cpu_s = max(cpu, self.accounting.cpu_s or 0.0)
         oom_file = (
@@ -131,6 +145,23 @@ class ScopeRun:
         count = None if text is None else oom_count(text)
         if count:
             self.accounting.oom_kills = max(count, self.accounting.oom_kills)
+
+    def slice_oom_kills(self) -> int | None:
+        paths = self.paths
+        if paths is None or paths.memory is None:
+            return None
+        name = "memory.events" if paths.v2 else "memory.oom_control"
+        text = read_text(f"{Path(paths.memory).parent}/{name}")
+        return None if text is None else oom_count(text)
+
+    def oom_killed(self, signal_name: str | None, sent_kill: bool) -> bool:
+        """An OOM kill happened in the scope: its counter says so, or (the scope already
+        gone) the main process died of a SIGKILL we did not send and the parent's rose."""
+        if self.accounting.oom_kills:
+            return True
+        before, after = self.accounting.slice_oom_before, self.slice_oom_kills()
+        rose = before is not None and after is not None and after > before
+        return signal_name == "SIGKILL" and not sent_kill and rose
 
     def members(self) -> list[int]:
         """Live processes of the run: the scope's members and, until reaped, our child."""
@@ -178,6 +209,7 @@ class ScopeRun:
             left = await self._until_empty(grace_s)
         end = time.monotonic() + KILL_BUDGET_S
         while left and time.monotonic() < end:
+            self.sent_kill = True
             await self._signal("SIGKILL", signal.SIGKILL)
             left = await self._until_empty(min(KILL_REPEAT_S, max(0.0, end - time.monotonic())))
         return Termination(survivors=len(left))
