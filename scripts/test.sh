@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine with Python 3.11+: creates .venv, installs sandboxrun
 # with its dev extras, builds the sandbox image when a Docker engine is reachable (offline, from
-# the host's apt sources; reused when present), then runs ruff, mypy (strict) and pytest.
+# the host's apt sources; reused when present), then runs ruff, mypy (strict) and pytest, and
+# the systemd-scope tests inside a container booted with systemd (scripts/systemd-host.sh).
 # Extra arguments go to pytest. SANDBOXRUN_REQUIRE_BACKENDS=docker,... turns a backend's
 # "unavailable" into a failure instead of a skip (CI sets it).
 set -euo pipefail
@@ -27,4 +28,19 @@ fi
 
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
-echo "== pytest"; .venv/bin/pytest "$@"
+# Here systemd is not PID 1 (as a rule): systemd-scope is required in its test host below.
+outer=$(echo ",${SANDBOXRUN_REQUIRE_BACKENDS:-}," | sed 's/,systemd-scope,/,/; s/^,*//; s/,*$//')
+echo "== pytest"; SANDBOXRUN_REQUIRE_BACKENDS=$outer .venv/bin/pytest "$@"
+
+# The systemd-scope backend on a real systemd: a container booted with systemd as PID 1.
+if docker info >/dev/null 2>&1; then
+  echo "== systemd test host"
+  if ! bash scripts/systemd-host.sh -p no:cacheprovider; then
+    echo "the systemd-scope tests failed in the systemd test host" >&2; exit 1
+  fi
+else
+  case ",${SANDBOXRUN_REQUIRE_BACKENDS:-}," in
+    *,systemd-scope,*) echo "systemd-scope is required but no Docker engine runs its test host" >&2; exit 1 ;;
+    *) echo "warning: no Docker engine: the systemd-scope tests (run in a systemd test host) are skipped" >&2 ;;
+  esac
+fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import anyio.to_thread
@@ -39,3 +40,25 @@ async def assert_container_clean(sb: Sandbox) -> None:
         await anyio.sleep(0.1)
     live = [p for p in extra if "<defunct>" not in p]
     assert not live, f"processes of the exec left in the container: {extra}"
+
+
+def assert_scope_gone(backend: str, run_id: str) -> None:
+    """On systemd-scope, the run's unit is inactive or gone (not just its processes)."""
+    if backend != "systemd-scope":
+        return
+    from helpers import wait_until
+
+    from sandboxrun.backends import systemd_config as cfg
+    from sandboxrun.backends.systemd import manager_env, manager_mode
+
+    mode = manager_mode()
+    unit = cfg.unit_name(run_id)
+
+    def gone() -> bool:
+        argv = cfg.systemctl_argv("systemctl", mode, "show", "-P", "ActiveState", unit)
+        shown = subprocess.run(
+            argv, capture_output=True, text=True, env=manager_env(mode), check=False, timeout=30
+        )
+        return shown.stdout.strip() in ("", "inactive")
+
+    assert wait_until(gone, 5), f"unit of run {run_id} is still active"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conformance_helpers import assert_container_clean
+from conformance_helpers import assert_container_clean, assert_scope_gone
 from helpers import assert_nothing_left, processes_with_arg
 
 from sandboxrun import Limits, Sandbox
@@ -39,7 +39,8 @@ async def run_shell(
     async with Sandbox(workspace, backend=backend, limits=limits) as sb:
         result = await sb.exec(shell=script, timeout=timeout)
         await assert_container_clean(sb)
-        return result
+    assert_scope_gone(backend, result.run_id)
+    return result
 
 
 def assert_gone(result: ExecResult, tok: str | None = None) -> None:

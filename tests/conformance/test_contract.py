@@ -1,0 +1,142 @@
+"""The result contract, the same assertions on every backend: statuses, exit codes, signals,
+environment, working-directory mapping, stdin, output accounting and spill, survivors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conformance_helpers import assert_container_clean, assert_scope_gone
+from helpers import assert_nothing_left
+
+from sandboxrun import Limits, Sandbox
+from sandboxrun.models import ExecResult
+
+pytestmark = pytest.mark.anyio
+
+FAST = Limits(grace_s=0.5, drain_s=0.5)
+
+
+async def run(
+    workspace: Path, backend: str, *argv: str, limits: Limits = FAST, **kwargs: object
+) -> ExecResult:
+    async with Sandbox(workspace, backend=backend, limits=limits) as sb:
+        result = await sb.exec(list(argv) if argv else None, **kwargs)  # type: ignore[arg-type]
+        await assert_container_clean(sb)
+    assert result.backend == backend
+    assert result.survivors == 0
+    assert_nothing_left(result.run_id)
+    assert_scope_gone(backend, result.run_id)
+    return result
+
+
+@pytest.mark.parametrize(("code", "status"), [(0, "completed"), (1, "failed"), (42, "failed")])
+async def test_exit_code_is_data(workspace: Path, backend: str, code: int, status: str) -> None:
+    result = await run(workspace, backend, shell=f"echo out; echo err >&2; exit {code}")
+    assert (result.status, result.exit_code, result.signal) == (status, code, None)
+    assert (result.stdout, result.stderr) == ("out\n", "err\n")
+    assert result.stdout_total_bytes == 4
+    assert not result.timed_out
+    assert result.ok is (code == 0)
+
+
+async def test_killed_by_a_signal_it_sent_itself(workspace: Path, backend: str) -> None:
+    result = await run(workspace, backend, "sh", "-c", "kill -TERM $$")
+    assert (result.status, result.exit_code, result.signal) == ("failed", None, "SIGTERM")
+
+
+def spawn_status(backend: str) -> str:
+    """Local backends see the exec fail. In a container the login shell's ``exec`` fails and
+    exits 126/127, which cannot be told from a command that exits so itself (docs/docker.md)."""
+    return "failed" if backend == "docker" else "spawn_error"
+
+
+async def test_command_not_found_is_spawn_error_127(workspace: Path, backend: str) -> None:
+    result = await run(workspace, backend, "no-such-command-sandboxrun")
+    assert result.status == spawn_status(backend)
+    assert result.exit_code == 127
+    assert result.stdout == ""
+
+
+async def test_not_executable_is_spawn_error_126(workspace: Path, backend: str) -> None:
+    script = workspace / "not-exec.sh"
+    script.write_text("#!/bin/sh\necho no\n")
+    script.chmod(0o644)
+    result = await run(workspace, backend, "./not-exec.sh")
+    assert result.status == spawn_status(backend)
+    assert result.exit_code == 126
+    assert result.stdout == ""
+
+
+async def test_environment_is_built_not_inherited(
+    workspace: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SBR_TEST_SECRET", "leak")
+    monkeypatch.setenv("SBR_TEST_PASSED", "passed on")
+    result = await run(
+        workspace,
+        backend,
+        shell='echo "given=$GIVEN passed=$SBR_TEST_PASSED secret=${SBR_TEST_SECRET-unset}"',
+        env={"GIVEN": "a b $c"},
+        pass_env=["SBR_TEST_PASSED"],
+    )
+    assert result.stdout == "given=a b $c passed=passed on secret=unset\n"
+
+
+async def test_workdir_is_mapped_into_the_sandbox(workspace: Path, backend: str) -> None:
+    result = await run(workspace, backend, shell="pwd; cat ../../hello.txt", workdir="sub/dir")
+    expected = "/workspace/sub/dir" if backend == "docker" else str(workspace / "sub" / "dir")
+    assert result.stdout == f"{expected}\nhello\n"
+
+
+async def test_writes_in_the_workspace_reach_the_host(workspace: Path, backend: str) -> None:
+    result = await run(workspace, backend, shell="echo made > sub/new.txt")
+    assert result.status == "completed"
+    assert (workspace / "sub" / "new.txt").read_text() == "made\n"
+
+
+async def test_stdin_bytes_arrive_exactly(workspace: Path, backend: str) -> None:
+    data = bytes(range(256)) * 1024
+    result = await run(workspace, backend, "sh", "-c", "wc -c; :", stdin=data)
+    assert result.stdout.strip() == str(len(data))
+
+
+async def test_output_accounting_and_spill_are_exact(
+    workspace: Path, backend: str, spill_root: Path
+) -> None:
+    limits = Limits(grace_s=0.5, drain_s=0.5, max_output=1024, spill_max=64 << 20)
+    lines = "".join(f"line {i:06d}\n" for i in range(20000))
+    result = await run(
+        workspace,
+        backend,
+        shell="i=0; while [ $i -lt 20000 ]; do printf 'line %06d\\n' $i; i=$((i+1)); done",
+        limits=limits,
+    )
+    assert result.status == "completed"
+    assert result.stdout_total_bytes == len(lines)
+    assert result.stdout_truncated
+    assert result.stdout_dropped_bytes == len(lines) - limits.max_output
+    assert result.stdout.startswith("line 000000\n")
+    assert result.stdout.endswith("line 019999\n")
+    assert result.stdout_spill is not None and result.stdout_spill_complete
+    assert Path(result.stdout_spill).read_text() == lines
+    assert Path(result.stdout_spill).is_relative_to(spill_root)
+    assert result.stderr_total_bytes == 0 and result.stderr_spill is None
+
+
+async def test_timeout_reports_timed_out_with_the_deadline_kept(
+    workspace: Path, backend: str
+) -> None:
+    result = await run(workspace, backend, shell="echo partial; sleep 30", timeout=1)
+    assert result.status == "timed_out" and result.timed_out
+    assert result.stdout == "partial\n"
+    assert 1.0 <= result.duration_s < 1.0 + FAST.grace_s + 2.0
+    assert result.exit_code is None
+
+
+async def test_isolation_and_missing_guarantees_are_disjoint(workspace: Path, backend: str) -> None:
+    result = await run(workspace, backend, "true")
+    assert result.status == "completed"
+    assert result.isolation
+    assert not set(result.isolation) & set(result.missing_guarantees)
+    assert result.run_id and result.argv
