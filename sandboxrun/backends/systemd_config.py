@@ -16,13 +16,13 @@ Mode = Literal["system", "user"]
 UNIT_PREFIX = "sandboxrun-"
 UNIT_SUFFIX = ".scope"
 DESCRIPTION_PREFIX = "sandboxrun run "
-_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _OWNER = re.compile(r"owner=(\d+):(\d+)")
 
 
 def unit_name(run_id: str) -> str:
     """``sandboxrun-<run id>.scope``; run ids are generated, but are still checked to be plain."""
-    if not _RUN_ID.match(run_id):
+    if not _RUN_ID.fullmatch(run_id):
         raise ValueError(f"run id {run_id!r} cannot be part of a unit name")
     return f"{UNIT_PREFIX}{run_id}{UNIT_SUFFIX}"
 
