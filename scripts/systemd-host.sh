@@ -2,7 +2,8 @@
 # The systemd-scope backend's real tests: builds the "systemd test host" image on the offline
 # bootstrap, boots it with systemd as PID 1, and runs the systemd tests inside it with sandboxrun
 # from this working tree: as root (system manager) and as a lingering user (user manager).
-# Needs .venv (scripts/test.sh makes it) and a Docker engine. Extra arguments go to pytest.
+# Needs .venv (scripts/test.sh makes it) and a Docker engine. Extra arguments go to pytest;
+# `--bench` runs bench/systemd.py in the host instead of the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=sandboxrun/systemd-host:test
@@ -41,6 +42,11 @@ run_tests() {  # user, extra env, pytest args...
     -e SANDBOXRUN_REQUIRE_BACKENDS=systemd-scope,process-group $env "$name" \
     python3 -m pytest -p no:cacheprovider --rootdir=/src -c /src/pyproject.toml "$@"
 }
+if [ "${1:-}" = "--bench" ]; then  # bench/systemd.py inside the host, as root
+  docker exec -w /tmp -e PYTHONPATH="/src:/src/bench:$site" -e PYTHONDONTWRITEBYTECODE=1 "$name" \
+    python3 /src/bench/systemd.py
+  exit
+fi
 echo "== systemd-scope tests as root (system manager)"
 run_tests root "-e HOME=/root" /src/tests -k "systemd or fallback or Fallback" "$@"
 echo "== systemd-scope tests as a lingering user (user manager)"
