@@ -8,9 +8,14 @@ reports its cgroup membership on the status fd, resets signal dispositions and m
 the working directory and ``execve``s. The status fd is close-on-exec, so a successful exec
 shows up as EOF; a failed one writes a frame and exits 127 (not found) or 126.
 
-argv: ``_launcher.py SPEC_FD STATUS_FD STDIN_FD STDOUT_FD STDERR_FD``. Frames on the status fd
-are a NUL byte, one JSON object and a newline: ``{"op": "launched", "cgroup": "<text of
-/proc/self/cgroup>"}`` then, on failure, ``{"op": "spawn_error", "errno": N, "error": "..."}``.
+Before the exec it double-forks a *keeper*: a process that stays in the scope until the host
+closes ``HOLD_FD``, so that the scope's cgroup (and its OOM and CPU accounting) still exists when
+the command's last process has exited; systemd removes an emptied scope within milliseconds.
+
+argv: ``_launcher.py SPEC_FD STATUS_FD STDIN_FD STDOUT_FD STDERR_FD HOLD_FD``. Frames on the
+status fd are a NUL byte, one JSON object and a newline: ``{"op": "launched", "cgroup": "<text
+of /proc/self/cgroup>", "keeper": PID}`` then, on failure, ``{"op": "spawn_error", "errno": N,
+"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -29,8 +34,30 @@ def frame(fd: int, message: dict[str, object]) -> None:
         data = data[os.write(fd, data) :]
 
 
+def start_keeper(hold_fd: int) -> int:
+    """Fork (twice: it must not be the command's child) a keeper that stays in the scope until
+    ``hold_fd`` reaches EOF, so the scope's cgroup, with its accounting, outlives the command
+    until the host has read it. Returns the keeper's pid."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        keeper = os.fork()
+        if keeper:
+            os.write(w, str(keeper).encode())
+            os._exit(0)
+        os.closerange(0, hold_fd)
+        os.closerange(hold_fd + 1, 65536)
+        with contextlib.suppress(OSError):
+            os.read(hold_fd, 1)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(middle, 0)
+    with os.fdopen(r, "rb") as f:
+        return int(f.read() or b"0")
+
+
 def main() -> None:
-    spec_fd, status_fd, in_fd, out_fd, err_fd = (int(x) for x in sys.argv[1:6])
+    spec_fd, status_fd, in_fd, out_fd, err_fd, hold_fd = (int(x) for x in sys.argv[1:7])
     with os.fdopen(spec_fd, "rb") as f:
         spec = json.loads(f.read())
     for source, target in ((in_fd, 0), (out_fd, 1), (err_fd, 2)):
@@ -38,8 +65,10 @@ def main() -> None:
     for fd in {in_fd, out_fd, err_fd}:
         os.close(fd)
     os.set_inheritable(status_fd, False)
+    keeper = start_keeper(hold_fd)
+    os.close(hold_fd)
     with open("/proc/self/cgroup") as f:  # noqa: PTH123
-        frame(status_fd, {"op": "launched", "cgroup": f.read()})
+        frame(status_fd, {"op": "launched", "cgroup": f.read(), "keeper": keeper})
     for number in range(1, signal.NSIG):
         if number not in (signal.SIGKILL, signal.SIGSTOP):
             with contextlib.suppress(OSError, ValueError):

@@ -18,6 +18,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import psutil
 
 from sandboxrun.backends import Probe
@@ -41,6 +42,8 @@ from sandboxrun.spec import ExecRequest
 BASE_ISOLATION = ("cgroup", "own-session", "descendant-sweep")
 LIMIT_NAMES = ("memory-limit", "cpu-limit", "pids-limit")
 LAUNCHER = str(Path(__file__).resolve().parent.parent / "_launcher.py")
+WATCHDOG = str(Path(__file__).resolve().parent.parent / "_scope_watch.py")
+WATCHDOG_EXIT_S = 60.0
 PROBE_TIMEOUT_S = 10.0
 SPAWN_TIMEOUT_S = 15.0
 
@@ -147,15 +150,49 @@ class SystemdScopeBackend:
         self.mode: cfg.Mode = mode or manager_mode()
         self._tools: tuple[str, str] | None = None
         self._owner = (os.getpid(), int(psutil.Process().create_time()))
+        self.watchdog: subprocess.Popen[bytes] | None = None
 
     async def open(self) -> None:
         found = tools()
         if isinstance(found, str):
             raise BackendError(found)
         self._tools = found
+        if self.watchdog is None:
+            try:
+                self.watchdog = subprocess.Popen(  # noqa: ASYNC220 (vfork+exec: no wait)
+                    [sys.executable, "-I", "-S", "-B", WATCHDOG, found[1], self.mode],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=manager_env(self.mode),
+                )
+            except OSError as exc:
+                raise BackendError(f"cannot start the scope watchdog: {exc}") from exc
+
+    def _watch(self, line: str) -> None:
+        """Tell the watchdog about a unit (``+unit`` before launch, ``-unit`` once empty)."""
+        pipe = None if self.watchdog is None else self.watchdog.stdin
+        if pipe is not None:
+            with suppress(OSError, ValueError):
+                pipe.write(f"{line}\n".encode())
+                pipe.flush()
 
     async def close(self) -> None:
-        """Nothing outlives a run: every exec empties its scope before it returns."""
+        """Every exec empties its scope before it returns; a scope that could not be emptied
+        is still registered, and the watchdog stops it when its stdin closes here."""
+        watchdog, self.watchdog = self.watchdog, None
+        if watchdog is None:
+            return
+        if watchdog.stdin is not None:
+            with suppress(OSError):
+                watchdog.stdin.close()
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(watchdog.wait, WATCHDOG_EXIT_S)
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
+                await anyio.to_thread.run_sync(watchdog.wait)
 
     def isolation(self, request: ExecRequest) -> list[str]:
         return [*BASE_ISOLATION, *requested_limits(request.limits)]
@@ -197,11 +234,15 @@ class SystemdScopeBackend:
             status_r, status_w = os.pipe2(os.O_CLOEXEC)
             fds += [status_r, status_w]
             os.set_blocking(status_r, False)
+            hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
+            fds += [hold_r, hold_w]
             spec_fd = _spec_memfd(request)
             fds.append(spec_fd)
-            inner = [sys.executable, "-I", "-S", "-B", LAUNCHER]
-            inner += [str(fd) for fd in (spec_fd, status_w, in_r, out_w, err_w)]
+            child_fds = (spec_fd, status_w, in_r, out_w, err_w, hold_r)
+            inner = [sys.executable, "-I", "-S", "-B", LAUNCHER, *map(str, child_fds)]
             argv = self._systemd_run_argv(request, inner)
+            unit = cfg.unit_name(request.run_id)
+            self._watch(f"+{unit}")
             with anyio.CancelScope(shield=True):
                 try:
                     proc = subprocess.Popen(  # noqa: ASYNC220 (vfork+exec: no wait)
@@ -209,16 +250,17 @@ class SystemdScopeBackend:
                         stdin=subprocess.DEVNULL,
                         stdout=status_w,
                         stderr=status_w,
-                        pass_fds=(spec_fd, status_w, in_r, out_w, err_w),
+                        pass_fds=child_fds,
                         start_new_session=True,
                         env=manager_env(self.mode),
                     )
                 except OSError as exc:
                     return sandbox_error_result(facts, out, err, started, exc), None
-                for fd in (spec_fd, status_w, in_r, out_w, err_w):
+                for fd in child_fds:
                     fds.remove(fd)
                     os.close(fd)
                 fds.remove(status_r)
+                fds.remove(hold_w)
                 stdin = None if request.stdin is None else (in_w, request.stdin)
                 pump = FdPump([(out_r, out), (err_r, err)], stdin)
                 run = ScopeRun(
@@ -229,6 +271,7 @@ class SystemdScopeBackend:
                     manager_env(self.mode),
                     pump,
                     status_r,
+                    hold_w,
                 )
                 early = await self._launch(run, request, facts)
             assert run is not None
@@ -255,6 +298,8 @@ class SystemdScopeBackend:
                 result = result.model_copy(update={"status": "oom_killed"})
             return result, sup.cancel_exc
         finally:
+            if run is None or not run.members():
+                self._watch(f"-{cfg.unit_name(request.run_id)}")
             if run is not None:
                 run.close()
             for fd in fds:
@@ -269,6 +314,8 @@ class SystemdScopeBackend:
         """Wait until the launcher exec'd the command inside the scope. None when it runs;
         else ``(status, exit_code, error, survivors)`` of a run that ended before it began."""
         report = await run.read_status(SPAWN_TIMEOUT_S)
+        if report is not None:
+            run.keeper = report.keeper
         if report is not None and report.launched and report.spawn_error is None:
             if report.cgroup is not None:
                 with suppress(ValueError):

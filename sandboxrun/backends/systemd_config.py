@@ -97,12 +97,13 @@ class StatusReport:
     launched: bool
     cgroup: str | None
     spawn_error: dict[str, object] | None
+    keeper: int | None = None
 
 
 def parse_status(data: bytes) -> StatusReport:
     """Split the status pipe's bytes into systemd-run's text and the launcher's frames."""
     text, *frames = data.split(b"\0")
-    launched, cgroup, error = False, None, None
+    launched, cgroup, error, keeper = False, None, None, None
     for raw in frames:
         try:
             message = json.loads(raw)
@@ -114,9 +115,11 @@ def parse_status(data: bytes) -> StatusReport:
             launched = True
             value = message.get("cgroup")
             cgroup = value if isinstance(value, str) else None
+            pid = message.get("keeper")
+            keeper = pid if isinstance(pid, int) and pid > 0 else None
         elif message.get("op") == "spawn_error":
             error = message
-    return StatusReport(text.decode(errors="replace").strip(), launched, cgroup, error)
+    return StatusReport(text.decode(errors="replace").strip(), launched, cgroup, error, keeper)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ POLL_S = 0.02
 UNSEEN = -1
 """Stands for members a populated cgroup has but a listing did not show."""
 SAMPLE_EVERY_S = 0.25
+KEEPER_EXIT_S = 1.0
 KILL_REPEAT_S = 0.5
 SYSTEMCTL_TIMEOUT_S = 10.0
 
@@ -85,6 +86,7 @@ class ScopeRun:
         manager_env: dict[str, str],
         pump: FdPump,
         status_fd: int,
+        hold_fd: int,
     ) -> None:
         self.proc = proc
         self.unit = unit
@@ -93,6 +95,8 @@ class ScopeRun:
         self.manager_env = manager_env
         self._pump = pump
         self._status_fd = status_fd
+        self._hold_fd: int | None = hold_fd
+        self.keeper: int | None = None
         self._pidfd = os.pidfd_open(proc.pid)
         self.paths: CgroupPaths | None = None
         self.wait_status: int | None = None
@@ -129,7 +133,8 @@ class ScopeRun:
                     await anyio.wait_readable(self._pidfd)
                     break
                 self.sample()
-            self.sample()  # the main process is a zombie: the scope may still be there
+            self.sample()  # the keeper holds the scope's cgroup: its figures are complete
+            await self.release_keeper()
             _, status, usage = os.wait4(self.proc.pid, 0)  # noqa: ASYNC222 (exited: no wait)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
             self.wait_status = status
@@ -176,6 +181,21 @@ class ScopeRun:
         rose = before is not None and after is not None and after > before
         return signal_name == "SIGKILL" and not sent_kill and rose
 
+    async def release_keeper(self) -> None:
+        """Let the keeper go (EOF on its hold pipe) and wait, briefly, until it is gone."""
+        if self._hold_fd is None:
+            return
+        with suppress(OSError):
+            os.close(self._hold_fd)
+        self._hold_fd = None
+        keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            end = time.monotonic() + KEEPER_EXIT_S
+            alive = proctree.alive(keeper)
+            while alive and time.monotonic() < end:
+                await anyio.sleep(0.002)
+                alive = proctree.alive(keeper)
+
     def members(self) -> list[int]:
         """Live processes of the run: the scope's members and, until reaped, our child. Where
         a v2 hierarchy holds the scope (pure v2 or hybrid), its ``populated`` flag decides
@@ -186,11 +206,11 @@ class ScopeRun:
             if self.paths.unified is not None:
                 populated = cgroup_populated(read_text(f"{self.paths.unified}/cgroup.events"))
             for pid in proctree.read_pids(self.paths.procs):
-                if proctree.alive(pid) or proctree.threads_left(pid):
+                if pid != self.keeper and (proctree.alive(pid) or proctree.threads_left(pid)):
                     live.add(pid)
         if self.wait_status is None and proctree.alive(self.proc.pid):
             live.add(self.proc.pid)
-        if populated and not live:
+        if populated and not live and self.keeper is None:
             live.add(UNSEEN)  # populated, but nothing seen by the listing: not over yet
         return sorted(live)
 
@@ -227,9 +247,10 @@ class ScopeRun:
         return self._termination
 
     async def _terminate(self, grace_s: float) -> Termination:
+        self.sample()
+        await self.release_keeper()
         left = self.members()
         if left:
-            self.sample()
             await self._signal("SIGTERM", signal.SIGTERM)
             await self._signal("SIGCONT", signal.SIGCONT)
             left = await self._until_empty(grace_s)
@@ -253,7 +274,9 @@ class ScopeRun:
         await self._pump.pump()
 
     def close(self) -> None:
-        for fd in (self._pidfd, self._status_fd):
+        for fd in (self._pidfd, self._status_fd, self._hold_fd):
+            if fd is None:
+                continue
             with suppress(OSError):
                 os.close(fd)
         if self.proc.returncode is None:  # never reaped (should not happen): do not leak it

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -205,15 +206,16 @@ async def test_strict_refuses_what_a_scope_cannot_give(workspace: Path) -> None:
         assert missing in str(info.value)
 
 
-@needs_systemd
-def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Path) -> None:
-    tok = f"{os.getpid()}.77"
+def start_host(workspace: Path, tmp_path: Path, tok: str) -> tuple[subprocess.Popen[str], int]:
+    """A sandboxrun program whose run is live; returns it and its scope watchdog's pid."""
     script = tmp_path / "host.py"
     script.write_text(
         "import anyio, sys\n"
-        "from sandboxrun import Sandbox\n"
+        "from sandboxrun import Sandbox, Limits\n"
         "async def main():\n"
-        f"    async with Sandbox({str(workspace)!r}, backend='systemd-scope') as sb:\n"
+        f"    async with Sandbox({str(workspace)!r}, backend='systemd-scope',\n"
+        "                       limits=Limits(grace_s=0.5)) as sb:\n"
+        "        print('watchdog', sb.backend.watchdog.pid, flush=True)\n"
         f"        await sb.exec(shell='(setsid sleep {tok} &); echo started; sleep {tok}',"
         " sink=lambda n, b: print('live', flush=True))\n"
         "anyio.run(main)\n"
@@ -222,23 +224,68 @@ def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Pa
         [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
     )
     assert host.stdout is not None
+    watchdog = int(host.stdout.readline().split()[1])
     assert host.stdout.readline().startswith("live")
-    host.send_signal(signal.SIGKILL)
-    host.wait()
-    host.stdout.close()
+    return host, watchdog
+
+
+def units_of(owner: int) -> list[str]:
+    """Active sandboxrun units started by the process ``owner``."""
+    shown = systemctl("show", "-p", "Id", "-p", "Description", "-p", "ActiveState", "sandboxrun-*")
+    return [
+        u["Id"]
+        for u in cfg.parse_units(shown.stdout)
+        if u.get("ActiveState") != "inactive"
+        and (cfg.owner_of(u.get("Description", "")) or (0, 0))[0] == owner
+    ]
+
+
+@needs_systemd
+def test_scopes_of_a_sigkilled_sandboxrun_are_stopped_by_its_watchdog(
+    workspace: Path, tmp_path: Path
+) -> None:
+    tok = f"{os.getpid()}.71"
+    host, _ = start_host(workspace, tmp_path, tok)
+    try:
+        assert processes_with_arg(tok)
+        assert len(units_of(host.pid)) == 1
+    finally:
+        host.kill()
+        host.wait()
+        assert host.stdout is not None
+        host.stdout.close()
+    assert wait_until(lambda: not processes_with_arg(tok), 10)
+    assert wait_until(lambda: not units_of(host.pid), 5), units_of(host.pid)
+
+
+@needs_systemd
+def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Path) -> None:
+    """With the watchdog killed too, the scope outlives its owner until ``clean``."""
+    tok = f"{os.getpid()}.77"
+    host, watchdog = start_host(workspace, tmp_path, tok)
+    try:
+        os.kill(watchdog, signal.SIGKILL)
+    finally:
+        host.kill()
+        host.wait()
+        assert host.stdout is not None
+        host.stdout.close()
+    time.sleep(0.5)
     assert processes_with_arg(tok)  # the scope outlives its SIGKILLed owner...
-    leftover = our_units()
-    assert leftover
+    leftover = units_of(host.pid)
+    assert len(leftover) == 1
     ps = subprocess.run(
         [sys.executable, "-m", "sandboxrun", "ps"], capture_output=True, text=True, check=False
     )
-    assert any(u in ps.stdout for u in leftover), ps.stdout
+    row = next(line for line in ps.stdout.splitlines() if leftover[0] in line)
+    assert row.endswith("owner gone"), ps.stdout
     clean = subprocess.run(
         [sys.executable, "-m", "sandboxrun", "clean"], capture_output=True, text=True, check=False
     )
     assert clean.returncode == 0, clean.stderr
+    assert "stopped" in clean.stdout
     assert wait_until(lambda: not processes_with_arg(tok), 5)  # ...until clean stops it
-    assert wait_until(lambda: not set(leftover) & set(our_units()), 5), our_units()
+    assert wait_until(lambda: not units_of(host.pid), 5), units_of(host.pid)
 
 
 def test_probe_reason_is_exact_without_systemd() -> None:
