@@ -46,11 +46,6 @@ def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def our_units() -> list[str]:
-    shown = systemctl("show", "-p", "Id", "-p", "Description", "-p", "ActiveState", "sandboxrun-*")
-    return [u["Id"] for u in cfg.parse_units(shown.stdout) if u.get("ActiveState") != "inactive"]
-
-
 def unit_gone(run_id: str) -> bool:
     state = systemctl("show", "-P", "ActiveState", cfg.unit_name(run_id)).stdout.strip()
     return state in ("", "inactive")

@@ -103,6 +103,14 @@ def test_parse_status_splits_messages_and_frames() -> None:
     assert report == cfg.StatusReport("Warning: something", True, "0::/x", None)
 
 
+def test_parse_status_keeper_pid() -> None:
+    report = cfg.parse_status(b'\0{"op": "launched", "cgroup": "c", "keeper": 77}\n')
+    assert report.keeper == 77
+    for bad in (b"0", b'"77"', b"-1", b"null"):
+        frame = b'\0{"op": "launched", "cgroup": "c", "keeper": ' + bad + b"}\n"
+        assert cfg.parse_status(frame).keeper is None
+
+
 def test_parse_status_spawn_error_and_garbage() -> None:
     data = b'\0{"op": "launched", "cgroup": "c"}\n\0not json\n\0[1]\n'
     data += b'\0{"op": "spawn_error", "errno": 2}\n'
