@@ -97,7 +97,7 @@ def create(name: BackendName, ctx: Context) -> Backend:
     if name == "systemd-scope":
         from sandboxrun.backends.systemd import SystemdScopeBackend
 
-        return SystemdScopeBackend()
+        return SystemdScopeBackend(limits=ctx.limits)
     raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
 
 

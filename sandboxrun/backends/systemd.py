@@ -146,8 +146,11 @@ def _pure_v2(mount: str = "/sys/fs/cgroup") -> bool:
 class SystemdScopeBackend:
     name: BackendName = "systemd-scope"
 
-    def __init__(self, mode: cfg.Mode | None = None) -> None:
+    def __init__(self, mode: cfg.Mode | None = None, limits: Limits | None = None) -> None:
         self.mode: cfg.Mode = mode or manager_mode()
+        self._limits = limits or Limits()
+        self.applied_limits: set[str] | None = None
+        """The limits a trial scope showed applied (checked once at open when any is set)."""
         self._tools: tuple[str, str] | None = None
         self._owner = (os.getpid(), int(psutil.Process().create_time()))
         self.watchdog: subprocess.Popen[bytes] | None = None
@@ -157,6 +160,11 @@ class SystemdScopeBackend:
         if isinstance(found, str):
             raise BackendError(found)
         self._tools = found
+        if requested_limits(self._limits) and self.applied_limits is None:
+            run, _ = found
+            self.applied_limits = await anyio.to_thread.run_sync(
+                trial_limits, run, self.mode, self._limits
+            )
         if self.watchdog is None:
             try:
                 self.watchdog = subprocess.Popen(  # noqa: ASYNC220 (vfork+exec: no wait)
@@ -195,7 +203,11 @@ class SystemdScopeBackend:
                 await anyio.to_thread.run_sync(watchdog.wait)
 
     def isolation(self, request: ExecRequest) -> list[str]:
-        return [*BASE_ISOLATION, *requested_limits(request.limits)]
+        """The scope's guarantees and the requested limits, minus those the trial scope at
+        ``open`` showed not applied (each run checks its own scope again)."""
+        applied = self.applied_limits
+        limits = requested_limits(request.limits)
+        return [*BASE_ISOLATION, *(n for n in limits if applied is None or n in applied)]
 
     def command(self, request: ExecRequest) -> list[str]:
         return local_command(request)
@@ -348,6 +360,44 @@ class SystemdScopeBackend:
                 facts.isolation = [g for g in facts.isolation if g != name]
                 if name not in facts.missing:
                     facts.missing = [*facts.missing, name]
+
+
+def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
+    """Start a trial scope with ``limits`` and return the names of those its cgroup shows
+    applied (a user manager on cgroup v1, for one, applies none). Blocking; bounded."""
+    unit = cfg.unit_name(f"trial-{os.getpid()}-{time.monotonic_ns()}")
+    script = "cat /proc/self/cgroup; echo END; read _"
+    argv = cfg.systemd_run_argv(
+        systemd_run, mode, unit, "sandboxrun limits trial", limits, ["/bin/sh", "-c", script]
+    )
+    applied: set[str] = set()
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=manager_env(mode),
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            lines = []
+            for line in proc.stdout:
+                if line.strip() == "END":
+                    break
+                lines.append(line)
+            with suppress(ValueError):
+                paths = cfg.cgroup_paths("".join(lines), unit, pure_v2=_pure_v2())
+                for name, path in cfg.limit_files(paths).items():
+                    if cfg.limit_applied(name, read_text(path), limits):
+                        applied.add(name)
+        finally:
+            proc.stdin.close()
+            try:
+                proc.wait(PROBE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return applied
 
 
 def _spec_memfd(request: ExecRequest) -> int:

@@ -18,7 +18,7 @@ from helpers import assert_nothing_left, processes_with_arg, wait_until
 from sandboxrun import Limits, Policy, Sandbox
 from sandboxrun.backends import probe
 from sandboxrun.backends import systemd_config as cfg
-from sandboxrun.backends.systemd import manager_env, manager_mode
+from sandboxrun.backends.systemd import SystemdScopeBackend, manager_env, manager_mode
 from sandboxrun.errors import PolicyRefusedError
 
 pytestmark = pytest.mark.anyio
@@ -106,6 +106,31 @@ for _ in range(60):
     made += 1
 print(made)
 """
+
+
+@needs_systemd
+async def test_strict_with_limits_refuses_only_what_the_manager_cannot_apply(
+    workspace: Path,
+) -> None:
+    limits = Limits(grace_s=0.5, pids=40, memory_bytes=64 << 20)
+    policy = Policy(access="danger-full-access", network="on", strict=True)
+    wanted = {"pids-limit", "memory-limit"}
+    async with Sandbox(workspace, backend="systemd-scope", policy=policy, limits=limits) as sb:
+        backend = sb.backend
+        assert isinstance(backend, SystemdScopeBackend)
+        applied = backend.applied_limits
+        assert applied is not None
+        if applied == wanted:
+            result = await sb.exec(["true"])
+            assert result.status == "completed"
+            assert result.missing_guarantees == []
+        else:
+            with pytest.raises(PolicyRefusedError) as info:
+                await sb.exec(["true"])
+            for name in wanted - applied:
+                assert name in str(info.value)
+    if manager_mode() == "system":
+        assert applied == wanted
 
 
 @needs_systemd
