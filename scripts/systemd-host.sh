@@ -3,15 +3,19 @@
 # bootstrap, boots it with systemd as PID 1, and runs the systemd tests inside it with sandboxrun
 # from this working tree: as root (system manager) and as a lingering user (user manager).
 # Needs .venv (scripts/test.sh makes it) and a Docker engine. Extra arguments go to pytest;
-# `--bench` runs bench/systemd.py in the host instead of the tests.
+# `--bench` runs bench/systemd.py in the host instead of the tests. Exit status 3: the host could
+# not be built or booted (no test ran); any other failure is a test failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=sandboxrun/systemd-host:test
 suite=$(.venv/bin/python -c 'from sandboxrun.images import host_source; print(host_source()[1])')
 base=sandboxrun/bootstrap:$suite
-docker image inspect "$base" >/dev/null 2>&1 || .venv/bin/sandboxrun image bootstrap >/dev/null
+setup_failed() { echo "systemd test host: $1" >&2; exit 3; }  # 3: could not set up, no test ran
+docker image inspect "$base" >/dev/null 2>&1 || .venv/bin/sandboxrun image bootstrap >/dev/null \
+  || setup_failed "cannot build the offline bootstrap $base"
 docker build -q -t "$IMAGE" --build-arg BASE_IMAGE="$base" \
-  --label sandboxrun.managed=true tests/systemd_host >/dev/null
+  --label sandboxrun.managed=true tests/systemd_host >/dev/null \
+  || setup_failed "cannot build $IMAGE"
 
 name="sandboxrun-systemd-host-$$"
 cleanup() { docker rm -f "$name" >/dev/null 2>&1 || true; }
@@ -20,7 +24,8 @@ docker run -d --name "$name" \
   --label sandboxrun.managed=true --label sandboxrun.owner_pid=$$ \
   --label sandboxrun.owner_host="$(hostname)" --label sandboxrun.created="$(date +%s)" \
   --cap-add SYS_ADMIN --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
-  --tmpfs /run --tmpfs /run/lock -v "$PWD":/src:ro "$IMAGE" >/dev/null
+  --tmpfs /run --tmpfs /run/lock -v "$PWD":/src:ro "$IMAGE" >/dev/null \
+  || setup_failed "cannot start $IMAGE"
 
 state=""
 for _ in $(seq 1 120); do
@@ -30,8 +35,8 @@ for _ in $(seq 1 120); do
 done
 case "$state" in
   running|degraded) ;;
-  *) echo "the systemd test host did not boot (state: ${state:-none})" >&2
-     docker logs "$name" 2>&1 | tail -20 >&2; exit 1 ;;
+  *) docker logs "$name" 2>&1 | tail -20 >&2
+     setup_failed "it did not boot (state: ${state:-none})" ;;
 esac
 
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -35,7 +35,10 @@ echo "== pytest"; SANDBOXRUN_REQUIRE_BACKENDS=$outer .venv/bin/pytest "$@"
 # The systemd-scope backend on a real systemd: a container booted with systemd as PID 1.
 if docker info >/dev/null 2>&1; then
   echo "== systemd test host"
-  if ! bash scripts/systemd-host.sh -p no:cacheprovider; then
+  rc=0; bash scripts/systemd-host.sh -p no:cacheprovider || rc=$?
+  if [ "$rc" = 3 ] && [[ ",${SANDBOXRUN_REQUIRE_BACKENDS:-}," != *,systemd-scope,* ]]; then
+    echo "warning: no systemd test host here: the systemd-scope tests are skipped" >&2
+  elif [ "$rc" != 0 ]; then
     echo "the systemd-scope tests failed in the systemd test host" >&2; exit 1
   fi
 else
