@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -34,37 +35,70 @@ def frame(fd: int, message: dict[str, object]) -> None:
         data = data[os.write(fd, data) :]
 
 
+def keep(hold_fd: int) -> None:
+    """The keeper's life: its own session, deaf to the signals a command sends its group,
+    no fd but the hold pipe; gone at its EOF."""
+    try:
+        os.setsid()
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(number, signal.SIG_IGN)
+        os.closerange(0, hold_fd)
+        os.closerange(hold_fd + 1, 65536)
+        os.read(hold_fd, 1)
+    finally:
+        os._exit(0)
+
+
 def start_keeper(hold_fd: int) -> int:
-    """Fork (twice: it must not be the command's child) a keeper that stays in the scope until
-    ``hold_fd`` reaches EOF, so the scope's cgroup, with its accounting, outlives the command
-    until the host has read it. Returns the keeper's pid."""
+    """Fork a keeper that stays in the scope until ``hold_fd`` reaches EOF, so the scope's
+    cgroup, with its accounting, outlives the command until the host has read it. Forked twice,
+    so that it is not the command's child; when ``TasksMax`` leaves no room for the middle
+    process (a pids limit of 1), once. Returns its pid, or 0 when there is none."""
     r, w = os.pipe()
-    middle = os.fork()
+    try:
+        middle = os.fork()
+    except OSError:
+        middle = -1
     if middle == 0:
-        keeper = os.fork()
+        try:
+            keeper = os.fork()
+        except OSError:
+            os._exit(1)
         if keeper:
             os.write(w, str(keeper).encode())
             os._exit(0)
-        os.closerange(0, hold_fd)
-        os.closerange(hold_fd + 1, 65536)
-        with contextlib.suppress(OSError):
-            os.read(hold_fd, 1)
-        os._exit(0)
+        keep(hold_fd)
     os.close(w)
-    os.waitpid(middle, 0)
+    if middle > 0:
+        os.waitpid(middle, 0)
     with os.fdopen(r, "rb") as f:
-        return int(f.read() or b"0")
+        text = f.read()
+    if text.isdigit():
+        return int(text)
+    try:
+        keeper = os.fork()
+    except OSError:
+        return 0
+    if keeper == 0:
+        keep(hold_fd)
+    return keeper
 
 
 def main() -> None:
-    spec_fd, status_fd, in_fd, out_fd, err_fd, hold_fd = (int(x) for x in sys.argv[1:7])
+    passed = [int(x) for x in sys.argv[1:7]]
+    # move every passed fd above the stdio range first: one of them may be 0, 1 or 2
+    spec_fd, status_fd, in_fd, out_fd, err_fd, hold_fd = (
+        fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in passed
+    )
+    for fd in set(passed):
+        if fd > 2:
+            os.close(fd)
     with os.fdopen(spec_fd, "rb") as f:
         spec = json.loads(f.read())
     for source, target in ((in_fd, 0), (out_fd, 1), (err_fd, 2)):
-        os.dup2(source, target)
-    for fd in {in_fd, out_fd, err_fd}:
+        os.dup2(source, target)  # dup2 clears close-on-exec on the target
+    for fd in (in_fd, out_fd, err_fd):
         os.close(fd)
-    os.set_inheritable(status_fd, False)
     keeper = start_keeper(hold_fd)
     os.close(hold_fd)
     with open("/proc/self/cgroup") as f:  # noqa: PTH123

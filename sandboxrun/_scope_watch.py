@@ -4,13 +4,15 @@ A scope is not tied to the process that made it: if sandboxrun is SIGKILLed, its
 So each systemd-scope ``Sandbox`` starts this watchdog in its own session. The host writes
 ``+<unit>`` before it launches a scope and ``-<unit>`` once the run is over, on the watchdog's
 stdin; when stdin reaches EOF (the host closed it, or died), the watchdog stops every unit still
-registered (``systemctl stop``: TERM, the unit's ``TimeoutStopSec``, KILL) and exits.
+registered (``systemctl stop --no-block``: systemd does TERM, the unit's ``TimeoutStopSec``,
+KILL) and exits.
 
 argv: ``_scope_watch.py SYSTEMCTL MODE`` (MODE: system or user).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -27,21 +29,20 @@ def main() -> None:
             units.add(line[1:])
         elif line.startswith("-"):
             units.discard(line[1:])
+    ours = sorted(u for u in units if u.startswith("sandboxrun-") and u.endswith(".scope"))
+    if not ours:
+        return
     prefix = [systemctl, *(["--user"] if mode == "user" else []), "--no-ask-password"]
-    for unit in sorted(units):
-        if not (unit.startswith("sandboxrun-") and unit.endswith(".scope")):
-            continue
-        try:
-            subprocess.run(
-                [*prefix, "stop", unit],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=120,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
+    # --no-block: systemd itself does TERM, TimeoutStopSec (the grace), KILL for every unit
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [*prefix, "stop", "--no-block", *ours],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
 
 
 if __name__ == "__main__":

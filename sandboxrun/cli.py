@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -252,22 +253,37 @@ def ps(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     except (SandboxUnavailableError, BackendError) as exc:
         sys.stderr.write(f"containers: skipped ({exc})\n")
     systemd = probe("systemd-scope")
-    if systemd.available:
-        for scope in housekeeping.list_scopes():
-            rows.append({"kind": "scope", "id": scope.unit, **scope.__dict__})
-    else:
+    try:
+        scopes = housekeeping.list_scopes() if systemd.available else []
+    except BackendError as exc:
+        scopes = []
+        sys.stderr.write(f"scopes: skipped ({exc})\n")
+    if not systemd.available:
         sys.stderr.write(f"scopes: skipped ({systemd.reason})\n")
+    host = socket.gethostname()
+    for scope in scopes:  # the same fields as a container row
+        rows.append(
+            {
+                "kind": "scope",
+                "id": scope.unit,
+                "name": scope.unit,
+                "status": scope.state,
+                "owner_pid": scope.owner_pid,
+                "owner_host": host,
+                "created": None,
+                "owner_alive": scope.owner_alive,
+            }
+        )
     if json_out:
         sys.stdout.write(json.dumps(rows) + "\n")
         return
     for row in rows:
         alive = "owner alive" if row["owner_alive"] else "owner gone"
-        if row["kind"] == "container":
-            owner = f"{row['owner_pid']}@{row['owner_host']}"
-            ident, name, status = str(row["id"])[:12], row["name"], row["status"]
-        else:
-            owner, ident, name, status = str(row["owner_pid"]), "scope", row["unit"], row["state"]
-        sys.stdout.write(f"{ident:<12}  {name!s:<24} {status!s:<24} {owner:<24} {alive}\n")
+        owner = f"{row['owner_pid']}@{row['owner_host']}"
+        ident = str(row["id"])[:12] if row["kind"] == "container" else "scope"
+        sys.stdout.write(
+            f"{ident:<12}  {row['name']!s:<24} {row['status']!s:<24} {owner:<24} {alive}\n"
+        )
 
 
 @app.command()
@@ -287,10 +303,13 @@ def clean(
     sys.stdout.write(f"removed {len(removed)} spill {noun}\n")
     systemd = probe("systemd-scope")
     if systemd.available:
-        scopes = [s for s in housekeeping.list_scopes() if all_ or not s.owner_alive]
-        for scope in scopes:
-            housekeeping.stop_scope(scope.unit)
-        sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
+        try:
+            scopes = [s for s in housekeeping.list_scopes() if all_ or not s.owner_alive]
+            for scope in scopes:
+                housekeeping.stop_scope(scope.unit)
+            sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
+        except BackendError as exc:
+            sys.stdout.write(f"scopes: failed ({exc})\n")
     else:
         sys.stdout.write(f"scopes: skipped ({systemd.reason})\n")
     try:

@@ -18,6 +18,10 @@ from docker import DockerClient
 from sandboxrun import dockerapi
 from sandboxrun.backends import systemd_config
 from sandboxrun.backends.docker_config import LABEL
+from sandboxrun.errors import BackendError
+
+SYSTEMCTL_TIMEOUT_S = 120.0
+"""``systemctl stop`` waits for the unit's own TERM -> grace -> KILL."""
 
 
 @dataclass(frozen=True)
@@ -97,15 +101,18 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
     from sandboxrun.backends.systemd import manager_env, manager_mode
 
     mode = manager_mode()
-    return subprocess.run(
-        systemd_config.systemctl_argv("systemctl", mode, *args),
-        capture_output=True,
-        text=True,
-        env=manager_env(mode),
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-        check=False,
-    )
+    try:
+        return subprocess.run(
+            systemd_config.systemctl_argv("systemctl", mode, *args),
+            capture_output=True,
+            text=True,
+            env=manager_env(mode),
+            stdin=subprocess.DEVNULL,
+            timeout=SYSTEMCTL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BackendError(f"systemctl {' '.join(args)}: {exc}") from exc
 
 
 def list_scopes() -> list[ManagedScope]:
@@ -132,6 +139,9 @@ def stop_scope(unit: str) -> None:
     """Stop a leftover scope: TERM, its grace (``TimeoutStopSec``), KILL; then it is gone."""
     if not systemd_config.is_our_unit(unit):
         raise ValueError(f"{unit} is not a sandboxrun unit")
-    stopped = _systemctl("stop", unit)
-    if stopped.returncode != 0:
+    try:
+        stopped = _systemctl("stop", unit)
+    except BackendError:
+        stopped = None
+    if stopped is None or stopped.returncode != 0:
         _systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", unit)

@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 import psutil
 
-from sandboxrun.backends import Probe
+from sandboxrun.backends import Probe, log
 from sandboxrun.backends import systemd_config as cfg
 from sandboxrun.backends.pgroup import local_command, local_env, spawn_exit_code
 from sandboxrun.backends.systemd_run import ScopeRun, read_text
@@ -45,6 +45,7 @@ LAUNCHER = str(Path(__file__).resolve().parent.parent / "_launcher.py")
 WATCHDOG = str(Path(__file__).resolve().parent.parent / "_scope_watch.py")
 WATCHDOG_EXIT_S = 60.0
 PROBE_TIMEOUT_S = 10.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
 SPAWN_TIMEOUT_S = 15.0
 
 
@@ -115,7 +116,7 @@ def probe_systemd() -> Probe:
         trial = _probe_command(
             [
                 *cfg.systemd_run_argv(
-                    run, mode, unit, "sandboxrun probe", Limits(), [sys.executable, "-c", ""]
+                    run, mode, unit, _owned("probe"), Limits(), [sys.executable, "-c", ""]
                 )
             ],
             env,
@@ -154,6 +155,7 @@ class SystemdScopeBackend:
         self._tools: tuple[str, str] | None = None
         self._owner = (os.getpid(), int(psutil.Process().create_time()))
         self.watchdog: subprocess.Popen[bytes] | None = None
+        self._watch_failed = False
 
     async def open(self) -> None:
         found = tools()
@@ -177,14 +179,24 @@ class SystemdScopeBackend:
                 )
             except OSError as exc:
                 raise BackendError(f"cannot start the scope watchdog: {exc}") from exc
+            assert self.watchdog.stdin is not None
+            os.set_blocking(self.watchdog.stdin.fileno(), False)
 
     def _watch(self, line: str) -> None:
         """Tell the watchdog about a unit (``+unit`` before launch, ``-unit`` once empty)."""
         pipe = None if self.watchdog is None else self.watchdog.stdin
-        if pipe is not None:
-            with suppress(OSError, ValueError):
-                pipe.write(f"{line}\n".encode())
-                pipe.flush()
+        if pipe is None:
+            return
+        try:  # non-blocking: a stopped or dead watchdog must never stall a run
+            os.write(pipe.fileno(), f"{line}\n".encode())
+        except (OSError, ValueError) as exc:
+            if not self._watch_failed:
+                self._watch_failed = True
+                log.warning(
+                    "sandboxrun: the scope watchdog does not listen (%s): scopes of a "
+                    "crashed sandboxrun are left to `sandboxrun clean`",
+                    exc,
+                )
 
     async def close(self) -> None:
         """Every exec empties its scope before it returns; a scope that could not be emptied
@@ -310,8 +322,8 @@ class SystemdScopeBackend:
                 result = result.model_copy(update={"status": "oom_killed"})
             return result, sup.cancel_exc
         finally:
-            if run is None or not run.members():
-                self._watch(f"-{cfg.unit_name(request.run_id)}")
+            if run is None or (run.paths is not None and not run.members()):
+                self._watch(f"-{cfg.unit_name(request.run_id)}")  # else the watchdog stops it
             if run is not None:
                 run.close()
             for fd in fds:
@@ -333,8 +345,13 @@ class SystemdScopeBackend:
                 with suppress(ValueError):
                     run.paths = cfg.cgroup_paths(report.cgroup, run.unit, pure_v2=_pure_v2())
                     run.accounting.slice_oom_before = run.slice_oom_kills()
-            self._check_limits(run, request, facts)
-            return None
+            lost = self._check_limits(run, request, facts)
+            if not (lost and request.policy.strict):
+                return None
+            survivors = (await run.terminate(0.0)).survivors
+            await run.wait_exit()
+            why = f"strict: this run's scope did not apply {', '.join(lost)}; it was killed"
+            return "sandbox_error", None, why, survivors
         survivors = (await run.terminate(0.0)).survivors
         status = await run.wait_exit()
         code = None if status is None else os.waitstatus_to_exitcode(status)
@@ -349,26 +366,31 @@ class SystemdScopeBackend:
             why = f"systemd-run could not start the scope (exit code {code}): {said}"
         return "sandbox_error", None, why, survivors
 
-    def _check_limits(self, run: ScopeRun, request: ExecRequest, facts: RunFacts) -> None:
-        """Keep in ``isolation`` only the limits the scope's cgroup really shows."""
+    def _check_limits(self, run: ScopeRun, request: ExecRequest, facts: RunFacts) -> list[str]:
+        """Keep in ``isolation`` only the limits the scope's cgroup really shows; return those
+        that were claimed but are not there."""
         wanted = requested_limits(request.limits)
+        lost: list[str] = []
         if not wanted:
-            return
+            return lost
         files = cfg.limit_files(run.paths) if run.paths is not None else {}
         for name in wanted:
-            if not cfg.limit_applied(name, read_text(files.get(name)), request.limits):
+            if not cfg.limit_applied(name, read_text(files.get(name)), request.limits, PAGE):
+                if name in facts.isolation:
+                    lost.append(name)
                 facts.isolation = [g for g in facts.isolation if g != name]
                 if name not in facts.missing:
                     facts.missing = [*facts.missing, name]
+        return lost
 
 
 def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
     """Start a trial scope with ``limits`` and return the names of those its cgroup shows
     applied (a user manager on cgroup v1, for one, applies none). Blocking; bounded."""
     unit = cfg.unit_name(f"trial-{os.getpid()}-{time.monotonic_ns()}")
-    script = "cat /proc/self/cgroup; echo END; read _"
+    script = 'while read -r l; do echo "$l"; done </proc/self/cgroup; echo END; read _'  # builtins
     argv = cfg.systemd_run_argv(
-        systemd_run, mode, unit, "sandboxrun limits trial", limits, ["/bin/sh", "-c", script]
+        systemd_run, mode, unit, _owned("limits trial"), limits, ["/bin/sh", "-c", script]
     )
     applied: set[str] = set()
     with subprocess.Popen(
@@ -389,7 +411,7 @@ def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
             with suppress(ValueError):
                 paths = cfg.cgroup_paths("".join(lines), unit, pure_v2=_pure_v2())
                 for name, path in cfg.limit_files(paths).items():
-                    if cfg.limit_applied(name, read_text(path), limits):
+                    if cfg.limit_applied(name, read_text(path), limits, PAGE):
                         applied.add(name)
         finally:
             proc.stdin.close()
@@ -398,6 +420,11 @@ def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
     return applied
+
+
+def _owned(what: str) -> str:
+    """A Description naming this process as the owner (``clean`` leaves live owners' units)."""
+    return f"sandboxrun {what} owner={os.getpid()}:{int(psutil.Process().create_time())}"
 
 
 def _spec_memfd(request: ExecRequest) -> int:

@@ -16,6 +16,8 @@ Mode = Literal["system", "user"]
 UNIT_PREFIX = "sandboxrun-"
 UNIT_SUFFIX = ".scope"
 DESCRIPTION_PREFIX = "sandboxrun run "
+KEEPER_TASKS = 1
+"""The launcher's keeper lives in the scope too: ``TasksMax`` is the pids limit plus it."""
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _OWNER = re.compile(r"owner=(\d+):(\d+)")
 
@@ -48,7 +50,7 @@ def properties(limits: Limits) -> list[str]:
     # ``systemctl stop`` (``sandboxrun clean``) then also does TERM, the grace, KILL
     props.append(f"TimeoutStopSec={max(1, round(limits.grace_s * 1000))}ms")
     if limits.pids is not None:
-        props.append(f"TasksMax={limits.pids}")
+        props.append(f"TasksMax={limits.pids + KEEPER_TASKS}")
     if limits.memory_bytes is not None:
         props += [f"MemoryMax={limits.memory_bytes}", "MemorySwapMax=0"]
     if limits.cpus is not None:
@@ -203,18 +205,18 @@ def limit_files(paths: CgroupPaths) -> dict[str, str | None]:
     }
 
 
-def limit_applied(name: str, content: str | None, limits: Limits) -> bool:
+def limit_applied(name: str, content: str | None, limits: Limits, page_size: int = 4096) -> bool:
     """Whether a limit file shows the requested limit (v1 or v2 syntax)."""
     if content is None:
         return False
     text = content.strip()
     if name == "pids-limit":
-        return limits.pids is not None and text == str(limits.pids)
+        return limits.pids is not None and text == str(limits.pids + KEEPER_TASKS)
     if name == "memory-limit":
         if limits.memory_bytes is None or not text.isdigit():
             return False
         # the kernel rounds the limit down to whole pages
-        return limits.memory_bytes - 4096 < int(text) <= limits.memory_bytes
+        return limits.memory_bytes - page_size < int(text) <= limits.memory_bytes
     if name == "cpu-limit":
         quota = text.split()[0] if text else ""
         return limits.cpus is not None and quota not in ("", "max", "-1")

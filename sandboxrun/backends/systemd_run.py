@@ -97,7 +97,10 @@ class ScopeRun:
         self._status_fd = status_fd
         self._hold_fd: int | None = hold_fd
         self.keeper: int | None = None
-        self._pidfd = os.pidfd_open(proc.pid)
+        try:
+            self._pidfd: int | None = os.pidfd_open(proc.pid)
+        except OSError:  # no pidfd (old kernel, seccomp, EMFILE): poll with WNOHANG instead
+            self._pidfd = None
         self.paths: CgroupPaths | None = None
         self.wait_status: int | None = None
         self.cpu_rusage_s: float | None = None
@@ -128,11 +131,8 @@ class ScopeRun:
 
     async def wait_exit(self) -> int | None:
         if self.wait_status is None:
-            while True:  # sample now and then: systemd removes an emptied scope's cgroup
-                with anyio.move_on_after(SAMPLE_EVERY_S):
-                    await anyio.wait_readable(self._pidfd)
-                    break
-                self.sample()
+            while not await self._exited_within(SAMPLE_EVERY_S):
+                self.sample()  # now and then, in case the keeper is killed
             self.sample()  # the keeper holds the scope's cgroup: its figures are complete
             await self.release_keeper()
             _, status, usage = os.wait4(self.proc.pid, 0)  # noqa: ASYNC222 (exited: no wait)
@@ -141,6 +141,20 @@ class ScopeRun:
             self.cpu_rusage_s = usage.ru_utime + usage.ru_stime
             self.maxrss_kb = usage.ru_maxrss
         return self.wait_status
+
+    async def _exited_within(self, seconds: float) -> bool:
+        """Whether the main process exited (it is then a zombie, not yet reaped)."""
+        if self._pidfd is not None:
+            with anyio.move_on_after(seconds):
+                await anyio.wait_readable(self._pidfd)
+                return True
+            return False
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):  # noqa: ASYNC222
+                return True
+            await anyio.sleep(POLL_S)
+        return False
 
     def sample(self) -> None:
         """Read the scope's accounting (CPU time, OOM kills) while its cgroup exists."""

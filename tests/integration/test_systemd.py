@@ -93,6 +93,18 @@ async def test_limits_are_applied_or_reported_missing(workspace: Path) -> None:
         assert wanted <= set(result.isolation), result.missing_guarantees
 
 
+FORK_ONCE = """
+import os, sys
+try:
+    pid = os.fork()
+except OSError:
+    print("refused")
+    sys.exit(0)
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+print("forked")
+"""
 FORKER = """
 import os, time
 made = 0
@@ -144,6 +156,19 @@ async def test_pids_limit_stops_a_fork_bomb(workspace: Path) -> None:
     assert 0 < int(result.stdout) < 20  # the launcher and the forker count too
     assert result.survivors == 0
     assert_nothing_left(result.run_id)
+
+
+@needs_systemd
+async def test_pids_limit_of_one_still_runs_a_command(workspace: Path) -> None:
+    """No room for the keeper: the run goes on without it, and nothing leaks to stderr."""
+    limits = Limits(grace_s=0.5, pids=1)
+    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+        result = await sb.exec(["echo", "one"])
+        forked = await sb.exec([sys.executable, "-c", FORK_ONCE])
+    assert (result.status, result.stdout, result.stderr) == ("completed", "one\n", "")
+    if "pids-limit" in forked.isolation:
+        assert forked.stdout == "refused\n"  # the limit holds, keeper or not
+    assert result.survivors == forked.survivors == 0
 
 
 @needs_systemd
@@ -267,7 +292,7 @@ def test_scopes_of_a_sigkilled_sandboxrun_are_stopped_by_its_watchdog(
     tok = f"{os.getpid()}.71"
     host, _ = start_host(workspace, tmp_path, tok)
     try:
-        assert processes_with_arg(tok)
+        assert wait_until(lambda: len(processes_with_arg(tok)) == 2)
         assert len(units_of(host.pid)) == 1
     finally:
         host.kill()
@@ -291,7 +316,7 @@ def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Pa
         assert host.stdout is not None
         host.stdout.close()
     time.sleep(0.5)
-    assert processes_with_arg(tok)  # the scope outlives its SIGKILLed owner...
+    assert wait_until(lambda: len(processes_with_arg(tok)) == 2)  # the scope outlives its owner...
     leftover = units_of(host.pid)
     assert len(leftover) == 1
     ps = subprocess.run(

@@ -58,7 +58,7 @@ def test_properties_without_limits_only_account() -> None:
 
 def test_properties_carry_every_limit() -> None:
     props = cfg.properties(Limits(memory_bytes=64 << 20, pids=40, cpus=1.5, grace_s=0))
-    assert "TasksMax=40" in props
+    assert "TasksMax=41" in props  # the keeper counts too
     assert f"MemoryMax={64 << 20}" in props
     assert "MemorySwapMax=0" in props
     assert "CPUQuota=150%" in props
@@ -154,7 +154,8 @@ def test_cgroup_paths_refuse_text_without_the_scope(text: str, pure: bool) -> No
 @pytest.mark.parametrize(
     ("name", "content", "applied"),
     [
-        ("pids-limit", "40\n", True),
+        ("pids-limit", "41\n", True),
+        ("pids-limit", "40\n", False),
         ("pids-limit", "max\n", False),
         ("memory-limit", f"{64 << 20}\n", True),
         ("memory-limit", "9223372036854771712\n", False),
@@ -175,6 +176,9 @@ def test_limit_applied(name: str, content: str | None, applied: bool) -> None:
 def test_limit_applied_accepts_page_rounding() -> None:
     limits = Limits(memory_bytes=(64 << 20) + 100)
     assert cfg.limit_applied("memory-limit", str(64 << 20), limits)
+    big_pages = Limits(memory_bytes=100_000_000)
+    assert not cfg.limit_applied("memory-limit", "99942400", big_pages)
+    assert cfg.limit_applied("memory-limit", "99942400", big_pages, page_size=65536)
 
 
 def test_limit_files_v1_and_v2() -> None:
