@@ -35,10 +35,12 @@ class FdPump:
         self._open = list(streams)
         self._stdin = stdin
 
-    @property
-    def stdin_closed(self) -> bool:
-        """The stdin fd was closed here (the caller must not close it again)."""
-        return self._stdin is None
+    def close_stdin(self) -> None:
+        """Close the stdin fd if the writer has not (idempotent: the pump owns the fd)."""
+        if self._stdin is not None:
+            with suppress(OSError):
+                os.close(self._stdin[0])
+            self._stdin = None
 
     async def pump(self) -> None:
         async with anyio.create_task_group() as tg:

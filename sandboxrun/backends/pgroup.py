@@ -102,9 +102,8 @@ class _Run:
             peak_rss_bytes=int(rss) * 1024 if rss else None,
         )
 
-    @property
-    def stdin_closed(self) -> bool:
-        return self._pump.stdin_closed
+    def close_stdin(self) -> None:
+        self._pump.close_stdin()
 
     async def pump(self) -> None:
         await self._pump.pump()
@@ -218,9 +217,12 @@ class ProcessGroupBackend:
                     [(out_r, out), (err_r, err)],
                     None if request.stdin is None else (in_w, request.stdin),
                 )
-                sup = await supervise_request(run, request, started)
-                if request.stdin is not None and run.stdin_closed:
-                    fds.remove(in_w)  # closed by the writer
+                if request.stdin is not None:
+                    fds.remove(in_w)  # the pump owns it now
+                try:
+                    sup = await supervise_request(run, request, started)
+                finally:
+                    run.close_stdin()
             finally:
                 self._client.close_channel(request.run_id)
         finally:

@@ -287,6 +287,8 @@ class SystemdScopeBackend:
                 fds.remove(hold_w)
                 stdin = None if request.stdin is None else (in_w, request.stdin)
                 pump = FdPump([(out_r, out), (err_r, err)], stdin)
+                if request.stdin is not None:
+                    fds.remove(in_w)  # the pump owns it now
                 run = ScopeRun(
                     proc,
                     cfg.unit_name(request.run_id),
@@ -313,8 +315,6 @@ class SystemdScopeBackend:
                 )
                 return result, None
             sup = await supervise_request(run, request, started)
-            if request.stdin is not None and run.stdin_closed:
-                fds.remove(in_w)
             cpu, rss = run.accounting_figures()
             sup.termination.cpu_s, sup.termination.peak_rss_bytes = cpu, rss
             result = build_result(facts, sup, out, err)

@@ -109,10 +109,6 @@ class ScopeRun:
         self._termination: Termination | None = None
         self.sent_kill = False
 
-    @property
-    def stdin_closed(self) -> bool:
-        return self._pump.stdin_closed
-
     async def read_status(self, timeout_s: float) -> StatusReport | None:
         """Read the status pipe to EOF (the launcher exec'd, failed, or systemd-run gave up);
         None when it did not end within ``timeout_s``."""
@@ -288,6 +284,7 @@ class ScopeRun:
         await self._pump.pump()
 
     def close(self) -> None:
+        self._pump.close_stdin()
         for fd in (self._pidfd, self._status_fd, self._hold_fd):
             if fd is None:
                 continue
