@@ -8,7 +8,6 @@ files, per run); it cannot make the file system read-only or cut the network.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -339,7 +338,7 @@ class SystemdScopeBackend:
         else ``(status, exit_code, error, survivors)`` of a run that ended before it began."""
         report = await run.read_status(SPAWN_TIMEOUT_S)
         if report is not None:
-            run.keeper = report.keeper
+            run.set_keeper(report.keeper)
         if report is not None and report.launched and report.spawn_error is None:
             if report.cgroup is not None:
                 with suppress(ValueError):
@@ -429,13 +428,8 @@ def _owned(what: str) -> str:
 
 def _spec_memfd(request: ExecRequest) -> int:
     """The command's argv, environment and working directory in a private memfd."""
-    spec = {
-        "argv": local_command(request),
-        "env": local_env(request),
-        "cwd": str(request.workdir),
-    }
+    data = cfg.encode_spec(local_command(request), local_env(request), str(request.workdir))
     fd = os.memfd_create("sandboxrun-spec", os.MFD_CLOEXEC)
-    data = json.dumps(spec).encode()
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

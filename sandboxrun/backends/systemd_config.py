@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -89,6 +90,16 @@ def kill_argv(systemctl: str, mode: Mode, unit: str, signal_name: str) -> list[s
     return systemctl_argv(
         systemctl, mode, "kill", "--kill-whom=all", f"--signal={signal_name}", unit
     )
+
+
+def encode_spec(argv: list[str], env: dict[str, str], cwd: str) -> bytes:
+    """The launcher's memfd: NUL-separated cwd, argc, the argv, then ``KEY=VALUE`` items (no
+    NUL can be in any of them: the kernel could not pass it either)."""
+    items = [cwd, str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
+    encoded = [os.fsencode(item) for item in items]
+    if any(b"\0" in item for item in encoded):
+        raise ValueError("a NUL byte cannot be passed to a command")
+    return b"\0".join(encoded)
 
 
 @dataclass(frozen=True)

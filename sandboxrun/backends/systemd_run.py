@@ -97,6 +97,7 @@ class ScopeRun:
         self._status_fd = status_fd
         self._hold_fd: int | None = hold_fd
         self.keeper: int | None = None
+        self._keeper_fd: int | None = None
         try:
             self._pidfd: int | None = os.pidfd_open(proc.pid)
         except OSError:  # no pidfd (old kernel, seccomp, EMFILE): poll with WNOHANG instead
@@ -199,12 +200,24 @@ class ScopeRun:
             os.close(self._hold_fd)
         self._hold_fd = None
         keeper, self.keeper = self.keeper, None
-        if keeper is not None:
+        watch, self._keeper_fd = self._keeper_fd, None
+        if watch is not None:  # exact, and immune to pid reuse
+            with anyio.move_on_after(KEEPER_EXIT_S):
+                await anyio.wait_readable(watch)
+            os.close(watch)
+        elif keeper is not None:
             end = time.monotonic() + KEEPER_EXIT_S
             alive = proctree.alive(keeper)
             while alive and time.monotonic() < end:
                 await anyio.sleep(0.002)
                 alive = proctree.alive(keeper)
+
+    def set_keeper(self, pid: int | None) -> None:
+        """The keeper the launcher reported; watched through a pidfd where there is one."""
+        self.keeper = pid
+        if pid is not None:
+            with suppress(OSError):
+                self._keeper_fd = os.pidfd_open(pid)
 
     def members(self) -> list[int]:
         """Live processes of the run: the scope's members and, until reaped, our child. Where
@@ -285,7 +298,7 @@ class ScopeRun:
 
     def close(self) -> None:
         self._pump.close_stdin()
-        for fd in (self._pidfd, self._status_fd, self._hold_fd):
+        for fd in (self._pidfd, self._status_fd, self._hold_fd, self._keeper_fd):
             if fd is None:
                 continue
             with suppress(OSError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sandboxrun.backends import systemd_config as cfg
@@ -241,3 +243,43 @@ def test_probe_reason_is_the_first_line_said(stdout: str, stderr: str, reason: s
 )
 def test_cgroup_populated(events: str | None, populated: bool | None) -> None:
     assert cgroup_populated(events) is populated
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "cwd"),
+    [
+        (["true"], {}, "/"),
+        (
+            ["sh", "-c", "echo $X", "", "a b", "line\nbreak", "é", "%n"],
+            {"X": "=y=", "E": ""},
+            "/w d",
+        ),
+        (["\udcff-raw"], {"K\udcfe": "v\udcfd"}, "/tmp"),
+    ],
+)
+def test_spec_round_trips_through_the_launcher(
+    argv: list[str], env: dict[str, str], cwd: str
+) -> None:
+    from sandboxrun._launcher import decode_spec
+
+    got_cwd, got_argv, got_env = decode_spec(cfg.encode_spec(argv, env, cwd))
+    assert os.fsdecode(got_cwd) == cwd
+    assert [os.fsdecode(a) for a in got_argv] == argv
+    assert {os.fsdecode(k): os.fsdecode(v) for k, v in got_env.items()} == env
+
+
+def test_spec_refuses_a_nul() -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        cfg.encode_spec(["a\0b"], {}, "/")
+
+
+@pytest.mark.parametrize(
+    "text", ["plain", 'quote " and \\ back', "nl\n\ttab", "é ü", "𝄞 astral", "\udcff lone", ""]
+)
+def test_launcher_frames_are_json(text: str) -> None:
+    import json
+
+    from sandboxrun._launcher import json_text
+
+    assert json.loads(json_text(text)) == text
+    assert json_text(text).isascii()
