@@ -55,5 +55,9 @@ fi
 echo "== systemd-scope tests as root (system manager)"
 run_tests root "-e HOME=/root" /src/tests -k "systemd or fallback or Fallback" "$@"
 echo "== systemd-scope tests as a lingering user (user manager)"
+for _ in $(seq 1 60); do  # logind starts the lingering user's manager; it may lag the boot
+  docker exec "$name" systemctl is-active --quiet user@1000.service && break
+  sleep 0.5
+done
 run_tests tester "-e HOME=/home/tester -e XDG_RUNTIME_DIR=/run/user/1000" \
   /src/tests/conformance /src/tests/integration/test_systemd.py -k "systemd" "$@"
