@@ -67,6 +67,19 @@ class Limits(BaseModel):
         return min(chosen, self.max_timeout_s)
 
 
+def limit_guarantees(limits: Limits) -> list[str]:
+    """The resource-limit guarantees ``limits`` ask for (``memory-limit``, ``cpu-limit``,
+    ``pids-limit``), by the names ``isolation`` uses."""
+    wanted: list[str] = []
+    if limits.memory_bytes is not None:
+        wanted.append("memory-limit")
+    if limits.cpus is not None:
+        wanted.append("cpu-limit")
+    if limits.pids is not None:
+        wanted.append("pids-limit")
+    return wanted
+
+
 def required_guarantees(policy: Policy, limits: Limits) -> list[str]:
     """The isolation guarantees a policy and limits ask for, by the names ``isolation`` uses."""
     wanted: list[str] = []
@@ -76,13 +89,7 @@ def required_guarantees(policy: Policy, limits: Limits) -> list[str]:
         wanted.append("read-only-root")
     if policy.network == "none":
         wanted.append("network-none")
-    if limits.memory_bytes is not None:
-        wanted.append("memory-limit")
-    if limits.cpus is not None:
-        wanted.append("cpu-limit")
-    if limits.pids is not None:
-        wanted.append("pids-limit")
-    return wanted
+    return wanted + limit_guarantees(limits)
 
 
 class ExecResult(BaseModel):

@@ -200,12 +200,20 @@ def oom_kills(pid: int) -> int | None:
     for name in files:
         try:
             with open(name) as f:  # noqa: PTH123
-                for row in f:
-                    key, _, value = row.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
+                count = oom_count(f.read())
+        except OSError:
             continue
+        if count is not None:
+            return count
+    return None
+
+
+def oom_count(content: str) -> int | None:
+    """The ``oom_kill`` counter of v1 ``memory.oom_control`` or v2 ``memory.events`` text."""
+    for row in content.splitlines():
+        key, _, value = row.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
     return None
 
 

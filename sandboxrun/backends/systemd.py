@@ -25,7 +25,7 @@ from sandboxrun.backends import systemd_config as cfg
 from sandboxrun.backends.pgroup import local_command, local_env, spawn_exit_code
 from sandboxrun.backends.systemd_run import ScopeRun, read_text
 from sandboxrun.errors import BackendError
-from sandboxrun.models import BackendName, ExecResult, Limits, Status
+from sandboxrun.models import BackendName, ExecResult, Limits, Status, limit_guarantees
 from sandboxrun.pipes import FdPump, output_pipe
 from sandboxrun.process import (
     RunFacts,
@@ -39,7 +39,6 @@ from sandboxrun.process import (
 from sandboxrun.spec import ExecRequest
 
 BASE_ISOLATION = ("cgroup", "own-session", "descendant-sweep")
-LIMIT_NAMES = ("memory-limit", "cpu-limit", "pids-limit")
 LAUNCHER = str(Path(__file__).resolve().parent.parent / "_launcher.py")
 WATCHDOG = str(Path(__file__).resolve().parent.parent / "_scope_watch.py")
 WATCHDOG_EXIT_S = 60.0
@@ -128,17 +127,6 @@ def probe_systemd() -> Probe:
     return Probe("systemd-scope", True, None, BASE_ISOLATION)
 
 
-def requested_limits(limits: Limits) -> list[str]:
-    wanted = []
-    if limits.memory_bytes is not None:
-        wanted.append("memory-limit")
-    if limits.cpus is not None:
-        wanted.append("cpu-limit")
-    if limits.pids is not None:
-        wanted.append("pids-limit")
-    return wanted
-
-
 def _pure_v2(mount: str = "/sys/fs/cgroup") -> bool:
     return Path(mount, "cgroup.controllers").exists()
 
@@ -161,7 +149,7 @@ class SystemdScopeBackend:
         if isinstance(found, str):
             raise BackendError(found)
         self._tools = found
-        if requested_limits(self._limits) and self.applied_limits is None:
+        if limit_guarantees(self._limits) and self.applied_limits is None:
             run, _ = found
             self.applied_limits = await anyio.to_thread.run_sync(
                 trial_limits, run, self.mode, self._limits
@@ -217,7 +205,7 @@ class SystemdScopeBackend:
         """The scope's guarantees and the requested limits, minus those the trial scope at
         ``open`` showed not applied (each run checks its own scope again)."""
         applied = self.applied_limits
-        limits = requested_limits(request.limits)
+        limits = limit_guarantees(request.limits)
         return [*BASE_ISOLATION, *(n for n in limits if applied is None or n in applied)]
 
     def command(self, request: ExecRequest) -> list[str]:
@@ -368,7 +356,7 @@ class SystemdScopeBackend:
     def _check_limits(self, run: ScopeRun, request: ExecRequest, facts: RunFacts) -> list[str]:
         """Keep in ``isolation`` only the limits the scope's cgroup really shows; return those
         that were claimed but are not there."""
-        wanted = requested_limits(request.limits)
+        wanted = limit_guarantees(request.limits)
         lost: list[str] = []
         if not wanted:
             return lost

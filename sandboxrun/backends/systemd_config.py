@@ -234,15 +234,6 @@ def limit_applied(name: str, content: str | None, limits: Limits, page_size: int
     return False
 
 
-def oom_count(content: str) -> int | None:
-    """The ``oom_kill`` counter of v1 ``memory.oom_control`` or v2 ``memory.events``."""
-    for row in content.splitlines():
-        key, _, value = row.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value)
-    return None
-
-
 def cpu_usage_s(content: str, *, v2: bool) -> float | None:
     """CPU time in seconds from v1 ``cpuacct.usage`` (ns) or v2 ``cpu.stat`` (usage_usec)."""
     if not v2:

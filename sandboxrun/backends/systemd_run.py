@@ -27,7 +27,6 @@ from sandboxrun.backends.systemd_config import (
     StatusReport,
     cpu_usage_s,
     kill_argv,
-    oom_count,
     parse_status,
 )
 from sandboxrun.pipes import FdPump
@@ -171,7 +170,7 @@ class ScopeRun:
             f"{paths.memory}/memory.events" if paths.v2 else f"{paths.memory}/memory.oom_control"
         )
         text = read_text(oom_file if paths.memory else None)
-        count = None if text is None else oom_count(text)
+        count = None if text is None else proctree.oom_count(text)
         if count:
             self.accounting.oom_kills = max(count, self.accounting.oom_kills)
 
@@ -181,7 +180,7 @@ class ScopeRun:
             return None
         name = "memory.events" if paths.v2 else "memory.oom_control"
         text = read_text(f"{Path(paths.memory).parent}/{name}")
-        return None if text is None else oom_count(text)
+        return None if text is None else proctree.oom_count(text)
 
     def oom_killed(self, signal_name: str | None, sent_kill: bool) -> bool:
         """An OOM kill happened in the scope: its counter says so, or (the scope already

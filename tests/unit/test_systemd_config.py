@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from sandboxrun import proctree
 from sandboxrun.backends import systemd_config as cfg
 from sandboxrun.backends.systemd_run import cgroup_populated
 from sandboxrun.models import Limits
@@ -201,7 +202,7 @@ def test_limit_files_v1_and_v2() -> None:
     ],
 )
 def test_oom_count(content: str, count: int | None) -> None:
-    assert cfg.oom_count(content) == count
+    assert proctree.oom_count(content) == count
 
 
 def test_cpu_usage_v1_and_v2() -> None:
