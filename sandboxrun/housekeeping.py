@@ -20,9 +20,6 @@ from sandboxrun.backends import systemd_config
 from sandboxrun.backends.docker_config import LABEL
 from sandboxrun.errors import BackendError
 
-SYSTEMCTL_TIMEOUT_S = 120.0
-"""``systemctl stop`` waits for the unit's own TERM -> grace -> KILL."""
-
 
 @dataclass(frozen=True)
 class Managed:
@@ -98,19 +95,10 @@ def scope_owner_alive(owner: tuple[int, int] | None) -> bool:
 
 
 def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
-    from sandboxrun.backends.systemd import manager_env, manager_mode
+    from sandboxrun.backends.systemd import systemctl
 
-    mode = manager_mode()
     try:
-        return subprocess.run(
-            systemd_config.systemctl_argv("systemctl", mode, *args),
-            capture_output=True,
-            text=True,
-            env=manager_env(mode),
-            stdin=subprocess.DEVNULL,
-            timeout=SYSTEMCTL_TIMEOUT_S,
-            check=False,
-        )
+        return systemctl(*args)
     except (OSError, subprocess.SubprocessError) as exc:
         raise BackendError(f"systemctl {' '.join(args)}: {exc}") from exc
 

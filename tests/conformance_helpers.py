@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import anyio.to_thread
@@ -49,16 +48,7 @@ def assert_scope_gone(backend: str, run_id: str) -> None:
     from helpers import wait_until
 
     from sandboxrun.backends import systemd_config as cfg
-    from sandboxrun.backends.systemd import manager_env, manager_mode
+    from sandboxrun.backends.systemd import unit_active
 
-    mode = manager_mode()
     unit = cfg.unit_name(run_id)
-
-    def gone() -> bool:
-        argv = cfg.systemctl_argv("systemctl", mode, "show", "-P", "ActiveState", unit)
-        shown = subprocess.run(
-            argv, capture_output=True, text=True, env=manager_env(mode), check=False, timeout=30
-        )
-        return shown.stdout.strip() in ("", "inactive")
-
-    assert wait_until(gone, 5), f"unit of run {run_id} is still active"
+    assert wait_until(lambda: not unit_active(unit), 5), f"unit of run {run_id} is still active"

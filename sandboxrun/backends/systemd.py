@@ -43,6 +43,8 @@ LAUNCHER = str(Path(__file__).resolve().parent.parent / "_launcher.py")
 WATCHDOG = str(Path(__file__).resolve().parent.parent / "_scope_watch.py")
 WATCHDOG_EXIT_S = 60.0
 PROBE_TIMEOUT_S = 10.0
+SYSTEMCTL_TIMEOUT_S = 120.0
+"""``systemctl stop`` waits for the unit's own TERM -> grace -> KILL."""
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SPAWN_TIMEOUT_S = 15.0
 
@@ -73,16 +75,35 @@ def tools() -> tuple[str, str] | str:
     return run, ctl
 
 
-def _probe_command(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_captured(
+    argv: list[str], env: dict[str, str], timeout: float = PROBE_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv,
         capture_output=True,
         text=True,
         env=env,
         stdin=subprocess.DEVNULL,
-        timeout=PROBE_TIMEOUT_S,
+        timeout=timeout,
         check=False,
     )
+
+
+def systemctl(*args: str, timeout: float = SYSTEMCTL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """``systemctl ARGS`` against this process's manager (the system's as root, else the
+    user's). Raises OSError / SubprocessError when it cannot run."""
+    mode = manager_mode()
+    return run_captured(cfg.systemctl_argv("systemctl", mode, *args), manager_env(mode), timeout)
+
+
+def unit_active(unit: str) -> bool:
+    """The unit is loaded and not inactive (``--collect`` unloads it once it has stopped)."""
+    return systemctl("show", "-P", "ActiveState", unit).stdout.strip() not in ("", "inactive")
+
+
+def owner() -> tuple[int, int]:
+    """This process as a unit's owner: pid and start time (for pid reuse checks)."""
+    return os.getpid(), int(psutil.Process().create_time())
 
 
 def probe_systemd() -> Probe:
@@ -101,7 +122,7 @@ def probe_systemd() -> Probe:
             (),
         )
     try:
-        state = _probe_command(cfg.systemctl_argv(ctl, mode, "is-system-running"), env)
+        state = run_captured(cfg.systemctl_argv(ctl, mode, "is-system-running"), env)
         status = state.stdout.strip()
         if status in ("", "offline", "unknown"):
             why = cfg.probe_reason("", state.stderr, state.returncode, "systemctl")
@@ -111,10 +132,15 @@ def probe_systemd() -> Probe:
                 why = f"systemctl is-system-running says {status or 'nothing'}"
             return Probe("systemd-scope", False, f"{manager} is not usable: {why}", ())
         unit = cfg.unit_name(f"probe-{os.getpid()}-{time.monotonic_ns()}")
-        trial = _probe_command(
+        trial = run_captured(
             [
                 *cfg.systemd_run_argv(
-                    run, mode, unit, _owned("probe"), Limits(), [sys.executable, "-c", ""]
+                    run,
+                    mode,
+                    unit,
+                    cfg.description("probe", *owner()),
+                    Limits(),
+                    [sys.executable, "-c", ""],
                 )
             ],
             env,
@@ -140,7 +166,7 @@ class SystemdScopeBackend:
         self.applied_limits: set[str] | None = None
         """The limits a trial scope showed applied (checked once at open when any is set)."""
         self._tools: tuple[str, str] | None = None
-        self._owner = (os.getpid(), int(psutil.Process().create_time()))
+        self._owner = owner()
         self.watchdog: subprocess.Popen[bytes] | None = None
         self._watch_failed = False
 
@@ -213,7 +239,7 @@ class SystemdScopeBackend:
 
     def _systemd_run_argv(self, request: ExecRequest, inner: list[str]) -> list[str]:
         run = self._tools[0] if self._tools else "systemd-run"
-        desc = cfg.description(request.run_id, *self._owner)
+        desc = cfg.description(f"run {request.run_id}", *self._owner)
         unit = cfg.unit_name(request.run_id)
         return cfg.systemd_run_argv(run, self.mode, unit, desc, request.limits, inner)
 
@@ -309,7 +335,7 @@ class SystemdScopeBackend:
                 result = result.model_copy(update={"status": "oom_killed"})
             return result, sup.cancel_exc
         finally:
-            if run is None or (run.paths is not None and not run.members()):
+            if run is None or run.emptied:
                 self._watch(f"-{cfg.unit_name(request.run_id)}")  # else the watchdog stops it
             if run is not None:
                 run.close()
@@ -327,11 +353,11 @@ class SystemdScopeBackend:
         report = await run.read_status(SPAWN_TIMEOUT_S)
         if report is not None:
             run.set_keeper(report.keeper)
-        if report is not None and report.launched and report.spawn_error is None:
-            if report.cgroup is not None:
+            if report.cgroup is not None:  # the launcher ran in the scope
                 with suppress(ValueError):
                     run.paths = cfg.cgroup_paths(report.cgroup, run.unit, pure_v2=_pure_v2())
                     run.accounting.slice_oom_before = run.slice_oom_kills()
+        if report is not None and report.launched and report.spawn_error is None:
             lost = self._check_limits(run, request, facts)
             if not (lost and request.policy.strict):
                 return None
@@ -377,7 +403,12 @@ def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
     unit = cfg.unit_name(f"trial-{os.getpid()}-{time.monotonic_ns()}")
     script = 'while read -r l; do echo "$l"; done </proc/self/cgroup; echo END; read _'  # builtins
     argv = cfg.systemd_run_argv(
-        systemd_run, mode, unit, _owned("limits trial"), limits, ["/bin/sh", "-c", script]
+        systemd_run,
+        mode,
+        unit,
+        cfg.description("limits trial", *owner()),
+        limits,
+        ["/bin/sh", "-c", script],
     )
     applied: set[str] = set()
     with subprocess.Popen(
@@ -407,11 +438,6 @@ def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
     return applied
-
-
-def _owned(what: str) -> str:
-    """A Description naming this process as the owner (``clean`` leaves live owners' units)."""
-    return f"sandboxrun {what} owner={os.getpid()}:{int(psutil.Process().create_time())}"
 
 
 def _spec_memfd(request: ExecRequest) -> int:

@@ -16,7 +16,6 @@ Mode = Literal["system", "user"]
 
 UNIT_PREFIX = "sandboxrun-"
 UNIT_SUFFIX = ".scope"
-DESCRIPTION_PREFIX = "sandboxrun run "
 KEEPER_TASKS = 1
 """The launcher's keeper lives in the scope too: ``TasksMax`` is the pids limit plus it."""
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -34,9 +33,10 @@ def is_our_unit(name: str) -> bool:
     return name.startswith(UNIT_PREFIX) and name.endswith(UNIT_SUFFIX)
 
 
-def description(run_id: str, owner_pid: int, owner_start: int) -> str:
-    """The unit's Description: who started it, so ``clean`` can tell leftovers of a dead one."""
-    return f"{DESCRIPTION_PREFIX}{run_id} owner={owner_pid}:{owner_start}"
+def description(what: str, owner_pid: int, owner_start: int) -> str:
+    """A unit's Description: what it is and who started it (pid and start time), so ``clean``
+    can tell the leftovers of a dead sandboxrun from a live one's units."""
+    return f"sandboxrun {what} owner={owner_pid}:{owner_start}"
 
 
 def owner_of(description_text: str) -> tuple[int, int] | None:

@@ -242,7 +242,8 @@ class ScopeRun:
             with suppress(OSError), open(f"{self.paths.unified}/cgroup.kill", "w") as f:  # noqa: PTH123
                 f.write("1")
 
-    async def _signal(self, name: str, number: int) -> None:
+    async def _signal(self, number: int) -> None:
+        name = signal.Signals(number).name
         if self.wait_status is None:  # not reaped: the pid cannot have been reused
             with suppress(OSError):
                 os.kill(self.proc.pid, number)
@@ -269,20 +270,27 @@ class ScopeRun:
         return self._termination
 
     async def _terminate(self, grace_s: float) -> Termination:
-        self.sample()
+        if self.wait_status is None:  # a timeout or cancel: read the figures before killing
+            self.sample()  # (after a normal exit, wait_exit has read them)
         await self.release_keeper()
         left = self.members()
         if left:
-            await self._signal("SIGTERM", signal.SIGTERM)
-            await self._signal("SIGCONT", signal.SIGCONT)
+            await self._signal(signal.SIGTERM)
+            await self._signal(signal.SIGCONT)
             left = await self._until_empty(grace_s)
         end = time.monotonic() + KILL_BUDGET_S
         while left and time.monotonic() < end:
             self.sent_kill = True
             self.kill_cgroup()
-            await self._signal("SIGKILL", signal.SIGKILL)
+            await self._signal(signal.SIGKILL)
             left = await self._until_empty(min(KILL_REPEAT_S, max(0.0, end - time.monotonic())))
         return Termination(survivors=len(left))
+
+    @property
+    def emptied(self) -> bool:
+        """Termination saw the scope empty (its watchdog registration can go)."""
+        done = self._termination
+        return done is not None and done.survivors == 0 and self.paths is not None
 
     def accounting_figures(self) -> tuple[float | None, int | None]:
         """``(cpu_s, peak_rss_bytes)``: the scope's CPU time where it could be read (it counts

@@ -3,6 +3,7 @@ engine it lands on systemd-scope inside the systemd test host and on process-gro
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -25,6 +26,18 @@ CLI = [sys.executable, "-m", "sandboxrun"]
 @pytest.fixture
 def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
+
+
+def cli_no_engine(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``sandboxrun run -w WORKSPACE ARGS`` with the engine unreachable."""
+    return subprocess.run(
+        [*CLI, "run", "-w", str(workspace), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_HOST": NO_ENGINE},
+        timeout=30,
+        check=False,
+    )
 
 
 def expected_fallback() -> str:
@@ -65,14 +78,7 @@ async def test_fallback_never_happens_for_an_explicit_backend(workspace: Path) -
 
 def test_fallback_cli_explicit_docker_exits_125_quickly(workspace: Path) -> None:
     start = time.monotonic()
-    proc = subprocess.run(
-        [*CLI, "run", "-w", str(workspace), "-b", "docker", "--", "true"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_HOST": NO_ENGINE},
-        timeout=30,
-        check=False,
-    )
+    proc = cli_no_engine(workspace, "-b", "docker", "--", "true")
     assert proc.returncode == 125
     assert "docker" in proc.stderr
     assert time.monotonic() - start < 5
@@ -80,14 +86,7 @@ def test_fallback_cli_explicit_docker_exits_125_quickly(workspace: Path) -> None
 
 def test_fallback_cli_strict_refuses_what_the_fallback_cannot_honour(workspace: Path) -> None:
     marker = workspace / "ran"
-    proc = subprocess.run(
-        [*CLI, "run", "-w", str(workspace), "--strict", "--json", "--", "touch", str(marker)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_HOST": NO_ENGINE},
-        timeout=30,
-        check=False,
-    )
+    proc = cli_no_engine(workspace, "--strict", "--json", "--", "touch", str(marker))
     assert proc.returncode == 125, proc.stderr
     assert expected_fallback() in proc.stderr
     assert "network-none" in proc.stderr
@@ -95,17 +94,8 @@ def test_fallback_cli_strict_refuses_what_the_fallback_cannot_honour(workspace: 
 
 
 def test_fallback_cli_json_says_which_backend_and_why(workspace: Path) -> None:
-    proc = subprocess.run(
-        [*CLI, "run", "-w", str(workspace), "--json", "--", "echo", "hi"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_HOST": NO_ENGINE},
-        timeout=30,
-        check=False,
-    )
+    proc = cli_no_engine(workspace, "--json", "--", "echo", "hi")
     assert proc.returncode == 0, proc.stderr
-    import json
-
     result = json.loads(proc.stdout)
     assert result["backend"] == expected_fallback()
     assert result["fallback_reason"].startswith("docker: ")

@@ -18,8 +18,14 @@ from helpers import assert_nothing_left, processes_with_arg, wait_until
 from sandboxrun import Limits, Policy, Sandbox
 from sandboxrun.backends import probe
 from sandboxrun.backends import systemd_config as cfg
-from sandboxrun.backends.systemd import SystemdScopeBackend, manager_env, manager_mode
+from sandboxrun.backends.systemd import (
+    SystemdScopeBackend,
+    manager_env,
+    manager_mode,
+    unit_active,
+)
 from sandboxrun.errors import PolicyRefusedError
+from sandboxrun.housekeeping import list_scopes
 
 pytestmark = pytest.mark.anyio
 
@@ -34,21 +40,8 @@ if not PROBE.available and "systemd-scope" in os.environ.get(
     raise RuntimeError(f"systemd-scope is required but unavailable: {PROBE.reason}")
 
 
-def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
-    mode = manager_mode()
-    return subprocess.run(
-        cfg.systemctl_argv("systemctl", mode, *args),
-        capture_output=True,
-        text=True,
-        env=manager_env(mode),
-        check=False,
-        timeout=30,
-    )
-
-
 def unit_gone(run_id: str) -> bool:
-    state = systemctl("show", "-P", "ActiveState", cfg.unit_name(run_id)).stdout.strip()
-    return state in ("", "inactive")
+    return not unit_active(cfg.unit_name(run_id))
 
 
 @needs_systemd
@@ -276,13 +269,7 @@ def start_host(workspace: Path, tmp_path: Path, tok: str) -> tuple[subprocess.Po
 
 def units_of(owner: int) -> list[str]:
     """Active sandboxrun units started by the process ``owner``."""
-    shown = systemctl("show", "-p", "Id", "-p", "Description", "-p", "ActiveState", "sandboxrun-*")
-    return [
-        u["Id"]
-        for u in cfg.parse_units(shown.stdout)
-        if u.get("ActiveState") != "inactive"
-        and (cfg.owner_of(u.get("Description", "")) or (0, 0))[0] == owner
-    ]
+    return [scope.unit for scope in list_scopes() if scope.owner_pid == owner]
 
 
 @needs_systemd

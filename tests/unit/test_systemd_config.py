@@ -44,7 +44,8 @@ def test_is_our_unit(name: str, ours: bool) -> None:
 
 
 def test_owner_round_trips_through_the_description() -> None:
-    desc = cfg.description("r1", 4242, 1700000000)
+    desc = cfg.description("run r1", 4242, 1700000000)
+    assert desc == "sandboxrun run r1 owner=4242:1700000000"
     assert cfg.owner_of(desc) == (4242, 1700000000)
     assert cfg.owner_of("something else") is None
 
