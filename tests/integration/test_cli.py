@@ -99,7 +99,7 @@ def test_unavailable_backend_exits_125(workspace: Path) -> None:
     proc = cli("run", "-w", str(workspace), "-b", "docker", "--", "true", env=NO_ENGINE)
     assert proc.returncode == 125
     assert "docker" in proc.stderr
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 5  # "within a few seconds": the probe fails fast, no retry
 
 
 def test_strict_refuses_and_runs_nothing(workspace: Path) -> None:

@@ -76,14 +76,6 @@ async def test_fallback_never_happens_for_an_explicit_backend(workspace: Path) -
     assert time.monotonic() - start < 5
 
 
-def test_fallback_cli_explicit_docker_exits_125_quickly(workspace: Path) -> None:
-    start = time.monotonic()
-    proc = cli_no_engine(workspace, "-b", "docker", "--", "true")
-    assert proc.returncode == 125
-    assert "docker" in proc.stderr
-    assert time.monotonic() - start < 5
-
-
 def test_fallback_cli_strict_refuses_what_the_fallback_cannot_honour(workspace: Path) -> None:
     marker = workspace / "ran"
     proc = cli_no_engine(workspace, "--strict", "--json", "--", "touch", str(marker))
