@@ -3,9 +3,11 @@
 Commands run under a POSIX login shell (``bash -l``, ``sh -l``), so the login profile sets
 ``PATH`` and friends first. The profile may *assign* ``PATH``; directories that must come first
 (tool shims, a venv's ``bin``) are therefore prepended by ``PATH_PREFIX``, which is part of the
-``-c`` script and so runs *after* the profile. The directories travel in the environment
-variable ``PATH_PREPEND_VAR`` (build it with ``join_path_prepend``) and are never interpolated
-into the script text, so no quoting of them is ever needed. The user's script or argv is
+``-c`` script and so runs *after* the profile; a ``PATH`` the caller gave explicitly is put back
+by the same prefix, before the prepend, so that it wins over the profile's. Both travel in
+environment variables (``EXPLICIT_PATH_VAR``, ``PATH_PREPEND_VAR``; build them with
+``wrapper_env``) and are never interpolated into the script text, so no quoting of them is ever
+needed. The user's script or argv is
 likewise never quoted or rewritten: a script is appended verbatim after the prefix, and an argv
 is passed as positional parameters to ``exec "$@"``.
 """
@@ -18,14 +20,19 @@ from collections.abc import Sequence
 from sandboxrun.errors import ConfigError
 
 PATH_PREPEND_VAR = "SANDBOXRUN_PATH_PREPEND"
+EXPLICIT_PATH_VAR = "SANDBOXRUN_EXPLICIT_PATH"
 PATH_PREFIX = (
+    f'if [ -n "${{{EXPLICIT_PATH_VAR}+x}}" ]; then '
+    f'PATH="${EXPLICIT_PATH_VAR}"; export PATH; fi; '
     f'if [ -n "${{{PATH_PREPEND_VAR}-}}" ]; then '
     f'PATH="${PATH_PREPEND_VAR}${{PATH:+:$PATH}}"; export PATH; fi; '
-    f"unset {PATH_PREPEND_VAR}; "
+    f"unset {EXPLICIT_PATH_VAR} {PATH_PREPEND_VAR}; "
 )
-"""POSIX sh snippet: prepend ``$SANDBOXRUN_PATH_PREPEND`` (if non-empty) to ``PATH``, export it,
-unset the variable. ``${PATH:+:$PATH}`` avoids a trailing ``:`` (= the current directory) when
-the profile left ``PATH`` empty or unset; ``${VAR-}`` keeps it safe under ``set -u``."""
+"""POSIX sh snippet: when ``$SANDBOXRUN_EXPLICIT_PATH`` is set (even empty), make it ``PATH``
+(replacing what the login profile assigned); then prepend ``$SANDBOXRUN_PATH_PREPEND`` (if
+non-empty) to ``PATH``; export it; unset both variables. ``${PATH:+:$PATH}`` avoids a trailing
+``:`` (= the current directory) when ``PATH`` is empty or unset; ``${VAR+x}`` and ``${VAR-}``
+keep it safe under ``set -u``."""
 WRAPPED_ARGV0 = "sandboxrun"
 """``$0`` of the wrapper shell in ``wrapped_argv`` (shows up in the shell's own error messages)."""
 
@@ -64,6 +71,21 @@ def join_path_prepend(dirs: Sequence[str]) -> str:
             # A relative PATH entry resolves against the (untrusted) working directory.
             raise ConfigError(f"path prepend entry {index} ({directory!r}) must be absolute")
     return ":".join(dirs)
+
+
+def wrapper_env(*, explicit_path: str | None, prepend: Sequence[str]) -> dict[str, str]:
+    """The variables ``PATH_PREFIX`` reads, each only when needed: ``EXPLICIT_PATH_VAR`` when
+    the caller gave ``PATH`` explicitly (``explicit_path``; re-applied after the login profile)
+    and ``PATH_PREPEND_VAR`` (``join_path_prepend(prepend)``) when there is anything to prepend.
+    """
+    env: dict[str, str] = {}
+    if explicit_path is not None:
+        if "\0" in explicit_path:
+            raise ConfigError("the explicit PATH contains a NUL byte")
+        env[EXPLICIT_PATH_VAR] = explicit_path
+    if isinstance(prepend, str) or prepend:
+        env[PATH_PREPEND_VAR] = join_path_prepend(prepend)
+    return env
 
 
 def _check_shell(shell: str) -> None:

@@ -1,11 +1,12 @@
 """Public data models: the policy and limits a caller asks for, and the result contract.
 
 ``ExecResult`` is the public contract: ``sandboxrun run --json`` prints exactly
-``ExecResult.model_dump_json()``.
+``ExecResult.to_json()``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Literal
@@ -23,6 +24,10 @@ Network = Literal["none", "on"]
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 DEFAULT_SPILL_MAX = 64 * 1024 * 1024
+MIN_CPUS = 0.01
+"""A hundredth of a CPU: docker's floor (``nano_cpus`` would round smaller values to 0, no limit
+at all) and systemd's (``CPUQuota=`` is in whole percent)."""
+MAX_GRACE_S = 600.0
 
 
 class Policy(BaseModel):
@@ -43,13 +48,13 @@ class Limits(BaseModel):
 
     timeout_s: float = Field(default=120.0, gt=0)
     max_timeout_s: float = Field(default=600.0, gt=0)
-    grace_s: float = Field(default=3.0, ge=0)
+    grace_s: float = Field(default=3.0, ge=0, le=MAX_GRACE_S)
     drain_s: float = Field(default=2.0, ge=0)
     max_output: int = Field(default=DEFAULT_MAX_OUTPUT, ge=64)
     spill_max: int = Field(default=DEFAULT_SPILL_MAX, ge=0)
     spill_dir: Path | None = None
     memory_bytes: int | None = Field(default=None, gt=0)
-    cpus: float | None = Field(default=None, gt=0)
+    cpus: float | None = None  # at least MIN_CPUS (validated below)
     pids: int | None = Field(default=None, gt=0)
 
     @field_validator("timeout_s", "max_timeout_s", "grace_s", "drain_s", "cpus")
@@ -57,6 +62,13 @@ class Limits(BaseModel):
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus_floor(cls, value: float | None) -> float | None:
+        if value is not None and value < MIN_CPUS:
+            raise ValueError(f"must be at least {MIN_CPUS} (a hundredth of a CPU), got {value:g}")
         return value
 
     def clamp_timeout(self, timeout_s: float | None) -> float:
@@ -125,6 +137,18 @@ class ExecResult(BaseModel):
     run_id: str
     error: str | None = None
     """Human-readable detail for ``spawn_error`` / ``sandbox_error`` (and survivors), else null."""
+    warnings: list[str] = Field(default_factory=list)
+    """Trouble that did not change what happened to the command: a spill file that could not be
+    written, a live sink that failed. The output accounting fields say what it cost."""
+
+    def to_json(self) -> str:
+        """One compact JSON object (``--json``). Unlike ``model_dump_json`` it never fails on
+        text holding bytes that are not UTF-8 (an argv, a path: Python keeps them as lone
+        surrogates, PEP 383): each such byte ``0xNN`` is written as the escape ``\\udcNN``, so
+        ``os.fsencode(json.loads(text)["argv"][i])`` gives the exact bytes back. The text is
+        valid UTF-8; every other character is written as itself."""
+        text = json.dumps(self.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":"))
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
     def check(self) -> ExecResult:
         """Return ``self`` when ``completed``, else raise ``ExecError`` carrying this result."""

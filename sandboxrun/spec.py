@@ -30,3 +30,7 @@ class ExecRequest:
     limits: Limits
     policy: Policy
     sink: Sink | None = None
+    explicit: frozenset[str] = frozenset()
+    """Names in ``env`` the caller gave explicitly (``--env``, ``env=``): every backend passes
+    them as given, never replacing or dropping them (``PATH`` is re-applied after the login
+    profile, see ``argv.EXPLICIT_PATH_VAR``)."""

@@ -48,6 +48,10 @@ class Backend(Protocol):
     def isolation(self, request: ExecRequest) -> list[str]:
         """The guarantees that would really be enforced for ``request``."""
 
+    def check_request(self, request: ExecRequest) -> None:
+        """Raise an ``InputError`` when this backend cannot carry ``request`` exactly (e.g. bytes
+        that are not UTF-8 through docker's JSON API). Called before anything runs."""
+
     async def exec(
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:

@@ -1,5 +1,6 @@
 """Pure builders for the docker backend: container configuration, exec environment, labels,
-the ``docker exec`` argv shown by ``--dry-run``, and the in-container sweep script."""
+the ``docker exec`` argv shown by ``--dry-run``, the in-container sweep script, and the checks
+that what is sent can be sent (the Engine API is JSON: text must be UTF-8)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import os
 import re
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from docker.types import Mount
+
+from sandboxrun.argv import wrapper_env
 from sandboxrun.env import redact
-from sandboxrun.errors import ConfigError
+from sandboxrun.errors import ConfigError, EnvError, WorkspaceError
 from sandboxrun.models import Limits, Policy
 from sandboxrun.paths import CONTAINER_ROOT
 
@@ -24,6 +28,12 @@ DEFAULT_PIDS = 512
 DEFAULT_MEMORY = 2 << 30
 FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/run", "/var/run")
 """Workspaces at or containing these would expose the engine socket or kernel interfaces."""
+HOST_ONLY = ("PATH", "TMPDIR", "SHELL", "HOME")
+"""Host paths that mean nothing in the container: not forwarded unless given explicitly."""
+NOT_UTF8 = (
+    "is not valid UTF-8: the Docker Engine API carries only UTF-8 text "
+    "(the process-group and systemd-scope backends pass any bytes)"
+)
 
 
 def labels(
@@ -41,7 +51,12 @@ def labels(
 def check_workspace(root: Path, engine_socket: str | None, *, max_entries: int = 200_000) -> None:
     """Refuse workspaces whose bind mount would hand the command the engine or the kernel:
     at or around /proc, /sys, /dev, /run, the engine socket's directory, or holding a hard link
-    to the engine socket (looked for only when both are on the same filesystem)."""
+    to the engine socket.
+
+    The hard-link check costs nothing in the normal case: a socket whose link count is 1 has no
+    other name anywhere. Only when it has more is the workspace searched (when on the socket's
+    file system), for at most ``max_entries`` entries; a workspace too large to search is then
+    refused, naming that cause."""
     text = str(root)
     for forbidden in FORBIDDEN_ROOTS:
         if (
@@ -58,8 +73,8 @@ def check_workspace(root: Path, engine_socket: str | None, *, max_entries: int =
         )
     try:
         sock = Path(engine_socket).stat()
-        if root.stat().st_dev != sock.st_dev:
-            return  # hard links cannot cross filesystems
+        if sock.st_nlink <= 1 or root.stat().st_dev != sock.st_dev:
+            return  # no other name anywhere; hard links cannot cross file systems
     except OSError:
         return
     seen = 0
@@ -75,9 +90,28 @@ def check_workspace(root: Path, engine_socket: str | None, *, max_entries: int =
                 raise ConfigError(f"refusing to mount {root}: {where} is the engine socket")
         if seen > max_entries:
             raise ConfigError(
-                f"refusing to mount {root}: it shares a filesystem with the engine socket and "
-                f"is too large (>{max_entries} files) to check for a hard link to it"
+                f"refusing to mount {root}: the engine socket {engine_socket} has "
+                f"{sock.st_nlink} hard links (names), and this workspace on its file system is "
+                f"too large (>{max_entries} files) to search for one; remove the extra links"
             )
+
+
+MIN_MEMORY = 6 << 20
+"""The engine refuses smaller memory limits ("Minimum memory limit allowed is 6MB")."""
+
+
+def check_limits(limits: Limits, *, cpu_count: int | None) -> None:
+    """Refuse limits the engine would refuse, before any engine call: ``--memory`` below 6 MiB,
+    ``--cpus`` above the engine's CPU count (``cpu_count``; None: unknown, the engine decides).
+    The floor of ``--cpus`` (0.01) is ``Limits``' own."""
+    if limits.memory_bytes is not None and limits.memory_bytes < MIN_MEMORY:
+        raise ConfigError(
+            f"--memory must be at least 6 MiB for docker, got {limits.memory_bytes} bytes"
+        )
+    if limits.cpus is not None and cpu_count is not None and limits.cpus > cpu_count:
+        raise ConfigError(
+            f"--cpus must be at most {cpu_count} (the engine's CPU count), got {limits.cpus:g}"
+        )
 
 
 _USER = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
@@ -115,12 +149,15 @@ def host_config(
         "memswap_limit": memory,
         "network_mode": "none" if policy.network == "none" else "bridge",
         "log_config": {"Type": "none", "Config": {}},
-        "binds": {
-            str(workspace): {
-                "bind": str(CONTAINER_ROOT),
-                "mode": "ro" if policy.access == "read-only" else "rw",
-            }
-        },
+        # A Mount, not a "src:dst:mode" bind string: any name (':', ',') stays one path.
+        "mounts": [
+            Mount(
+                target=str(CONTAINER_ROOT),
+                source=str(workspace),
+                type="bind",
+                read_only=policy.access == "read-only",
+            )
+        ],
     }
     if limits.cpus is not None:
         host["nano_cpus"] = int(limits.cpus * 1e9)
@@ -135,7 +172,16 @@ def host_config(
     }
 
 
-def isolation(policy: Policy, limits: Limits, user: str) -> list[str]:
+LIMIT_NAMES = ("cpu-limit", "memory-limit", "pids-limit")
+UNLIMITED_MEMORY = 1 << 62
+"""cgroup v1 shows "no memory limit" as a huge number (PAGE_COUNTER_MAX pages)."""
+
+
+def isolation(
+    policy: Policy, limits: Limits, user: str, *, shown: set[str] | None = None
+) -> list[str]:
+    """What the container enforces. ``shown``: the limits its cgroup really shows (None: not
+    known, e.g. a remote engine; the configured limits are listed)."""
     enforced = ["container", "descendant-sweep", "read-only-root"]
     if policy.access == "read-only":
         enforced.append("read-only-workspace")
@@ -146,17 +192,120 @@ def isolation(policy: Policy, limits: Limits, user: str) -> list[str]:
     enforced += ["memory-limit", "pids-limit"]
     if limits.cpus is not None:
         enforced.append("cpu-limit")
+    if shown is not None:
+        enforced = [name for name in enforced if name not in LIMIT_NAMES or name in shown]
     return enforced
 
 
-def exec_env(built: Mapping[str, str], *, marker: tuple[str, str], prepend: str) -> dict[str, str]:
-    """The environment of an exec: the built one minus host-only paths, plus the marker."""
-    env = {k: v for k, v in built.items() if k not in ("PATH", "TMPDIR", "SHELL", "HOME")}
-    env["HOME"] = HOME
+def cgroup_limits(proc_cgroup: str, mount: str = "/sys/fs/cgroup") -> set[str] | None:
+    """The limits (``LIMIT_NAMES``) a process's cgroup really sets, from its ``/proc/PID/cgroup``
+    text: v1 ``cpu.cfs_quota_us``, ``memory.limit_in_bytes``, ``pids.max``; v2 ``cpu.max``,
+    ``memory.max``, ``pids.max``. None when none of those files can be read."""
+    v1: dict[str, list[str]] = {}
+    unified: str | None = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            unified = path
+        for name in controllers.split(","):
+            v1.setdefault(name, []).extend(
+                [f"{mount}/{controllers}{path}", f"{mount}/{name}{path}"]
+            )
+    files: dict[str, list[str]] = {
+        "cpu-limit": [f"{d}/cpu.cfs_quota_us" for d in v1.get("cpu", [])],
+        "memory-limit": [f"{d}/memory.limit_in_bytes" for d in v1.get("memory", [])],
+        "pids-limit": [f"{d}/pids.max" for d in v1.get("pids", [])],
+    }
+    if unified is not None:  # v2 (or hybrid: then these files do not exist there)
+        base = f"{mount}{unified}".rstrip("/")
+        files["cpu-limit"].append(f"{base}/cpu.max")
+        files["memory-limit"].append(f"{base}/memory.max")
+        files["pids-limit"].append(f"{base}/pids.max")
+    shown: set[str] = set()
+    read_any = False
+    for name, candidates in files.items():
+        for candidate in candidates:
+            try:
+                content = Path(candidate).read_text().strip()
+            except OSError:
+                continue
+            read_any = True
+            if _limit_set(name, content):
+                shown.add(name)
+            break
+    return shown if read_any else None
+
+
+def _limit_set(name: str, content: str) -> bool:
+    value = content.split()[0] if content else ""
+    if value in ("", "max", "-1"):
+        return False
+    if name == "memory-limit":
+        return value.isdigit() and int(value) < UNLIMITED_MEMORY
+    return value.isdigit()
+
+
+def exec_env(
+    built: Mapping[str, str],
+    *,
+    explicit: Collection[str],
+    marker: tuple[str, str],
+    prepend: Sequence[str],
+) -> dict[str, str]:
+    """The environment of an exec: the built one without the host's ``HOST_ONLY`` paths (those
+    given explicitly stay), ``HOME`` the container's unless given, the marker, and the wrapper's
+    variables. ``PATH`` itself is never sent: the engine finds the shell by the image's PATH,
+    and an explicit PATH travels in ``EXPLICIT_PATH_VAR`` for the wrapper to apply after the
+    login profile (see ``argv.PATH_PREFIX``)."""
+    env = {k: v for k, v in built.items() if k not in HOST_ONLY or (k in explicit and k != "PATH")}
+    env.setdefault("HOME", HOME)
     env[marker[0]] = marker[1]
-    if prepend:
-        env["SANDBOXRUN_PATH_PREPEND"] = prepend
+    explicit_path = built.get("PATH") if "PATH" in explicit else None
+    env.update(wrapper_env(explicit_path=explicit_path, prepend=prepend))
     return env
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` for a message: bytes that are not UTF-8 as ``\\xNN``, long text cut."""
+    out = os.fsencode(text).decode("utf-8", "backslashreplace")
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_workspace_utf8(root: Path) -> None:
+    """Refuse a workspace path the Engine API cannot carry (raises ``WorkspaceError``)."""
+    if not is_utf8(str(root)):
+        raise WorkspaceError(f"workspace '{shown(str(root), 400)}' {NOT_UTF8}")
+
+
+def check_utf8(
+    *, argv: Sequence[str] | None, script: str | None, env: Mapping[str, str], workdir: str
+) -> None:
+    """Refuse what the Engine API cannot carry exactly, naming it (a value is never shown):
+    ``ConfigError`` for argv and script, ``EnvError`` for variables, ``WorkspaceError`` for
+    the working directory."""
+    for index, arg in enumerate(argv or ()):
+        if not is_utf8(arg):
+            raise ConfigError(f"argv[{index}] '{shown(arg)}' {NOT_UTF8}")
+    if script is not None and not is_utf8(script):
+        raise ConfigError(f"the shell script {NOT_UTF8}")
+    for name, value in env.items():
+        if not is_utf8(name):
+            raise EnvError(f"environment variable name '{shown(name)}' {NOT_UTF8}")
+        if not is_utf8(value):
+            raise EnvError(f"the value of environment variable {name!r} {NOT_UTF8}")
+    if not is_utf8(workdir):
+        raise WorkspaceError(f"workdir '{shown(workdir, 400)}' {NOT_UTF8}")
 
 
 def docker_exec_argv(

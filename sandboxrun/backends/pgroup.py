@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 import psutil
 
-from sandboxrun.argv import PATH_PREPEND_VAR, join_path_prepend, shell_argv
+from sandboxrun.argv import join_path_prepend, shell_argv, wrapper_env
 from sandboxrun.backends import Probe
 from sandboxrun.capture import StreamCapture
 from sandboxrun.errors import BackendError
@@ -111,15 +111,16 @@ class _Run:
 
 def local_env(request: ExecRequest) -> dict[str, str]:
     """The command's environment on the host: the built env, the run marker, PATH prepends
-    (in shell mode applied by the login shell after the profile)."""
+    (in shell mode applied by the login shell after the profile, which also re-applies an
+    explicit PATH: the profile may assign PATH)."""
     env = dict(request.env)
     env[MARKER_VAR] = request.run_id
-    if request.path_prepend:
+    if request.script is not None:
+        explicit = env.get("PATH") if "PATH" in request.explicit else None
+        env.update(wrapper_env(explicit_path=explicit, prepend=request.path_prepend))
+    elif request.path_prepend:
         joined = join_path_prepend(request.path_prepend)
-        if request.script is not None:
-            env[PATH_PREPEND_VAR] = joined
-        else:
-            env["PATH"] = f"{joined}:{env['PATH']}" if env.get("PATH") else joined
+        env["PATH"] = f"{joined}:{env['PATH']}" if env.get("PATH") else joined
     return env
 
 
@@ -180,6 +181,9 @@ class ProcessGroupBackend:
 
     def describe(self, request: ExecRequest) -> list[str]:
         return self.command(request)
+
+    def check_request(self, request: ExecRequest) -> None:
+        """Any bytes can be carried (argv, env and cwd are passed as bytes): nothing to refuse."""
 
     async def exec(
         self, request: ExecRequest, facts: RunFacts

@@ -237,6 +237,9 @@ class SystemdScopeBackend:
     def command(self, request: ExecRequest) -> list[str]:
         return local_command(request)
 
+    def check_request(self, request: ExecRequest) -> None:
+        """Any bytes can be carried (argv, env and cwd are passed as bytes): nothing to refuse."""
+
     def _systemd_run_argv(self, request: ExecRequest, inner: list[str]) -> list[str]:
         run = self._tools[0] if self._tools else "systemd-run"
         desc = cfg.description(f"run {request.run_id}", *self._owner)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandboxrun.argv import (
+    EXPLICIT_PATH_VAR,
     PATH_PREFIX,
     PATH_PREPEND_VAR,
     WRAPPED_ARGV0,
@@ -18,6 +19,7 @@ from sandboxrun.argv import (
     shell_argv,
     validate_argv,
     wrapped_argv,
+    wrapper_env,
 )
 from sandboxrun.errors import ConfigError
 
@@ -217,10 +219,11 @@ def test_wrapped_argv_shape() -> None:
     assert wrapped_argv(["x"], shell=dash)[0] == dash
 
 
-def test_path_prefix_mentions_only_the_variable() -> None:
+def test_path_prefix_mentions_only_the_variables() -> None:
     assert PATH_PREPEND_VAR == "SANDBOXRUN_PATH_PREPEND"
+    assert EXPLICIT_PATH_VAR == "SANDBOXRUN_EXPLICIT_PATH"
     assert PATH_PREFIX.endswith("; ")
-    assert f"unset {PATH_PREPEND_VAR}; " in PATH_PREFIX
+    assert f"unset {EXPLICIT_PATH_VAR} {PATH_PREPEND_VAR}; " in PATH_PREFIX
     assert "\n" not in PATH_PREFIX  # the script's line numbers stay right
 
 
@@ -343,6 +346,7 @@ TORTURE_SCRIPTS: list[tuple[str, bytes | None]] = [
     ('echo "$LINENO"', None),  # dash leaves LINENO empty under -c; bash: see below
     ('\necho "$LINENO"', None),
     ('echo "${SANDBOXRUN_PATH_PREPEND-unset}"', b"unset\n"),
+    ('echo "${SANDBOXRUN_EXPLICIT_PATH-unset}"', b"unset\n"),
     ("(echo sub)", b"sub\n"),
     ("{ echo group; }", b"group\n"),
     ("  \t echo indented", b"indented\n"),
@@ -482,3 +486,79 @@ def test_prepend_survives_set_u_and_an_unset_path(shell: str, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     # No trailing ':' (which would mean "the current directory").
     assert result.stdout == f"found\n{tools}".encode()
+
+
+# --------------------------------------------------------------------------- explicit PATH
+
+
+@pytest.mark.parametrize(
+    ("explicit", "prepend", "expected"),
+    [
+        (None, [], {}),
+        (None, ["/a", "/b c"], {PATH_PREPEND_VAR: "/a:/b c"}),
+        ("/x:/y", [], {EXPLICIT_PATH_VAR: "/x:/y"}),
+        ("", [], {EXPLICIT_PATH_VAR: ""}),
+        ("/x", ("/a",), {EXPLICIT_PATH_VAR: "/x", PATH_PREPEND_VAR: "/a"}),
+    ],
+)
+def test_wrapper_env(explicit: str | None, prepend: list[str], expected: dict[str, str]) -> None:
+    assert wrapper_env(explicit_path=explicit, prepend=prepend) == expected
+
+
+def test_wrapper_env_refuses() -> None:
+    with pytest.raises(ConfigError, match="NUL"):
+        wrapper_env(explicit_path="/a\0", prepend=[])
+    with pytest.raises(ConfigError, match="not a single string"):
+        wrapper_env(explicit_path=None, prepend="/usr/bin")
+    with pytest.raises(ConfigError, match="absolute"):
+        wrapper_env(explicit_path=None, prepend=["rel"])
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", ODD_DIR_NAMES)
+@pytest.mark.parametrize("mode", ["shell", "argv"])
+def test_explicit_path_wins_over_a_profile_that_assigns_path(
+    shell: str, name: str, mode: str, tmp_path: Path
+) -> None:
+    decoy = _tool_dir(tmp_path, "decoy", "decoy")
+    home = _login_home(tmp_path, f"PATH={shlex.quote(str(decoy))}:/usr/bin:/bin\nexport PATH\n")
+    wanted = _tool_dir(tmp_path / "tools", name, "wanted")
+    explicit = f"{wanted}:/usr/bin:/bin"
+    env = _env(home, **wrapper_env(explicit_path=explicit, prepend=[]))
+    if mode == "shell":
+        result = _run(shell_argv('foo; printf "%s" "$PATH"', shell=shell), env)
+    else:
+        result = _run(wrapped_argv(["sh", "-c", 'foo; printf "%s" "$PATH"'], shell=shell), env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"wanted\n{explicit}".encode()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_prepend_goes_before_an_explicit_path(shell: str, tmp_path: Path) -> None:
+    home = _login_home(tmp_path, "PATH=/profile/bin\n")
+    first = _tool_dir(tmp_path, "first", "first")
+    env = _env(home, **wrapper_env(explicit_path="/usr/bin:/bin", prepend=[str(first)]))
+    result = _run(wrapped_argv(["env"], shell=shell), env)
+    assert f"PATH={first}:/usr/bin:/bin\n".encode() in result.stdout
+    assert b"SANDBOXRUN_" not in result.stdout  # both wrapper variables are unset
+    assert _run(wrapped_argv(["foo"], shell=shell), env).stdout == b"first\n"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("profile", ["set -u\nunset PATH\n", "PATH=/profile/bin\n"])
+def test_an_empty_explicit_path_is_kept_empty(shell: str, profile: str, tmp_path: Path) -> None:
+    home = _login_home(tmp_path, profile)
+    env = _env(home, **wrapper_env(explicit_path="", prepend=[]))
+    result = _run(shell_argv('printf "[%s]" "$PATH"', shell=shell), env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"[]"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_explicit_path_survives_set_u_and_an_unset_path(shell: str, tmp_path: Path) -> None:
+    home = _login_home(tmp_path, "set -u\nunset PATH\n")
+    tools = _tool_dir(tmp_path, "tools", "found")
+    env = _env(home, **wrapper_env(explicit_path=f"{tools}:/bin", prepend=["/opt/x"]))
+    result = _run(shell_argv('foo; printf "%s" "$PATH"', shell=shell), env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"found\n/opt/x:{tools}:/bin".encode()

@@ -53,17 +53,38 @@ def test_compose_sandbox_matches_the_backend() -> None:
     assert svc["command"] == config["command"]
     assert svc["working_dir"] == config["working_dir"] == "/workspace"
     assert svc["environment"]["HOME"] == cfg.HOME
+    [volume] = svc["volumes"]
+    [mount] = host["mounts"]
+    assert mount == {"Type": "bind", "Source": "/ws", "Target": "/workspace", "ReadOnly": False}
+    assert volume["type"] == mount["Type"]
+    assert volume["target"] == mount["Target"]
+    assert volume["read_only"] is mount["ReadOnly"]
+
+
+def test_read_only_policy_mounts_read_only() -> None:
+    config = cfg.host_config(
+        workspace=Path("/a:b,c"),
+        policy=Policy(access="read-only"),
+        limits=Limits(),
+        image="img",
+        user="1:1",
+        lbls={},
+    )
+    [mount] = config["host_config"]["mounts"]
+    assert mount["Source"] == "/a:b,c"  # one path: no "src:dst:mode" string to split
+    assert mount["ReadOnly"] is True
+    assert "binds" not in config["host_config"]
 
 
 def test_compose_never_asks_for_dangerous_settings() -> None:
     svc = compose_sandbox()
     for key in ("privileged", "pid", "ipc", "devices", "cap_add", "userns_mode"):
         assert key not in svc
-    assert not any("docker.sock" in v for v in svc["volumes"])
+    assert not any("docker.sock" in str(v) for v in svc["volumes"])
 
 
 def test_backend_config_never_asks_for_dangerous_settings() -> None:
     host = backend_config()["host_config"]
     for key in ("privileged", "pid_mode", "ipc_mode", "devices", "cap_add", "userns_mode"):
         assert key not in host
-    assert all("docker.sock" not in src for src in host["binds"])
+    assert all("docker.sock" not in m["Source"] for m in host["mounts"])
