@@ -2,13 +2,17 @@
 
 ``StreamCapture.feed`` runs in the hot read loop: it does O(len(chunk)) work with no per-byte
 Python loops, and it never raises because of the spill file (errors land in ``spill_error``).
+A live sink that implements ``LiveSink`` gets backpressure: the read loops call ``wait_sink``
+after each feed, and stop reading (so the command blocks on its own write) while it is congested.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
+
+import anyio
 
 from sandboxrun.errors import ConfigError
 from sandboxrun.output import HeadTailBuffer
@@ -16,6 +20,27 @@ from sandboxrun.spill import SpillDir, SpillFile
 
 StreamName = Literal["stdout", "stderr"]
 Sink = Callable[[str, bytes], None]
+SINK_POLL_S = 0.002
+"""How often a read loop held back by a congested sink looks again."""
+
+
+@runtime_checkable
+class LiveSink(Protocol):
+    """A live sink with flow control (``terminal.LiveWriter`` is one)."""
+
+    def __call__(self, name: str, chunk: bytes) -> None: ...
+
+    def congested(self, name: str) -> bool:
+        """True while the read loop should not feed ``name`` more (its reader is behind)."""
+        ...
+
+    def progress(self) -> int:
+        """A counter that grows whenever the sink's reader takes output."""
+        ...
+
+    def lossy(self, name: str) -> bool:
+        """Whether part of ``name`` was (or may yet be) not delivered: keep it on disk."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +80,7 @@ class StreamCapture:
         self._buffer = HeadTailBuffer(max_output)
         self._max_output = max_output
         self._sink = sink
+        self._flow = sink if isinstance(sink, LiveSink) else None
         self._spill: SpillFile | None = None
         self._spilling = False  # a spill file is open and not yet full
         self._overflowed = False
@@ -84,6 +110,31 @@ class StreamCapture:
             seed = self._buffer.snapshot_bytes()
             self._buffer.feed(chunk)
             self._start_spill(seed, chunk)
+
+    async def wait_sink(self) -> None:
+        """Backpressure: return once the live sink can take more of this stream (at once when
+        it is not congested). Cancellable: a deadline still fires while the reader is slow."""
+        flow = self._flow
+        # Polled: the sink drains in a thread, which cannot set an anyio.Event without a
+        # portal; a 2 ms poll costs nothing next to a reader that is behind by megabytes.
+        while flow is not None and self._sink is not None and flow.congested(self.name):  # noqa: ASYNC110
+            await anyio.sleep(SINK_POLL_S)
+
+    def keep_if_lossy(self) -> None:
+        """If the live sink did not (or may not) deliver all of the stream and the stream is
+        only in memory, write it to a spill file so it can be found in full."""
+        flow = self._flow
+        if flow is None or self._spill is not None or self._buffer.truncated:
+            return
+        if not self._buffer.total_bytes or not flow.lossy(self.name):
+            return
+        if self.spill_max <= 0 or self.spill_dir is None:
+            return
+        was_closed, self._closed = self._closed, False
+        self._start_spill(self._buffer.snapshot_bytes(), b"")
+        self._spilling = False
+        self._close_spill()
+        self._closed = was_closed
 
     def _start_spill(self, seed: bytes, chunk: bytes) -> None:
         if self.spill_max <= 0 or self.spill_dir is None or self._closed:

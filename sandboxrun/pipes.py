@@ -51,7 +51,8 @@ class FdPump:
 
     async def _read(self, stream: tuple[int, StreamCapture]) -> None:
         """Read first, wait only when the pipe is empty (a wait per chunk halves throughput);
-        yield to the event loop every few chunks so a flood cannot starve other tasks."""
+        yield to the event loop every few chunks so a flood cannot starve other tasks; while
+        the live sink is congested, stop reading (the command then blocks on its write)."""
         fd, capture = stream
         reads = 0
         while True:
@@ -64,6 +65,7 @@ class FdPump:
                 self._open.remove(stream)
                 return
             capture.feed(data)
+            await capture.wait_sink()  # backpressure: a slow live reader holds the command back
             reads += 1
             if reads % YIELD_EVERY == 0:
                 await anyio.lowlevel.checkpoint()

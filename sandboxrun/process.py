@@ -17,7 +17,7 @@ from typing import Literal, Protocol
 
 import anyio
 
-from sandboxrun.capture import StreamCapture
+from sandboxrun.capture import LiveSink, StreamCapture
 from sandboxrun.models import BackendName, ExecResult, Status
 from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import SpillDir, default_spill_root
@@ -66,6 +66,19 @@ async def _drain(handle: RunHandle, drain_s: float) -> None:
         await handle.pump()
 
 
+async def _deliver_rest(output_done: anyio.Event, drain_s: float, flow: LiveSink) -> None:
+    """Nothing of the run is alive, so what is left in the pipes is finite: read it to the end
+    while the live sink holds the read loop back (a slow reader, however slow: like ``cat``
+    into a pipe), and give up only after ``drain_s`` with neither congestion nor progress."""
+    while not output_done.is_set():
+        before = flow.progress()
+        with anyio.move_on_after(max(drain_s, 0.05)):
+            await output_done.wait()
+        waiting_on_reader = flow.congested("stdout") or flow.congested("stderr")
+        if not waiting_on_reader and flow.progress() == before:
+            return
+
+
 async def uninterruptible(
     action: Callable[[], Awaitable[None]], deadline: float
 ) -> BaseException | None:
@@ -86,10 +99,21 @@ async def uninterruptible(
 
 
 async def supervise(
-    handle: RunHandle, *, timeout_s: float, grace_s: float, drain_s: float, started: float
+    handle: RunHandle,
+    *,
+    timeout_s: float,
+    grace_s: float,
+    drain_s: float,
+    started: float,
+    flow: LiveSink | None = None,
 ) -> Supervision:
     """Run ``handle`` to its end. Never raises the caller's cancellation: it is returned in
-    ``Supervision.cancel_exc`` after the cleanup, for the caller to re-raise."""
+    ``Supervision.cancel_exc`` after the cleanup, for the caller to re-raise.
+
+    With a flow-controlled live sink (``flow``), after a normal exit whose termination left
+    nothing alive, the output is read to its end however slow the sink's reader is; the
+    duration is taken before that wait. After a timeout or a cancellation, draining stays
+    bounded by ``drain_s``: the deadline wins over a slow reader."""
     sup = Supervision()
     bound = 2 * grace_s + KILL_BUDGET_S + 2 * drain_s + 15.0  # backends' own fallbacks fit
     output_done = anyio.Event()
@@ -126,11 +150,16 @@ async def supervise(
             elif sup.wait_status is None:
                 sup.reason = "lost"
             sup.cancel_exc = await uninterruptible(after_exit, anyio.current_time() + bound)
+            sup.duration_s = time.monotonic() - started
+            everything_gone = sup.reason == "exited" and not sup.termination.survivors
+            if flow is not None and sup.cancel_exc is None and everything_gone:
+                await _deliver_rest(output_done, drain_s, flow)
             tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class() as exc:
         sup.cancel_exc = exc
         await uninterruptible(after_cancel, anyio.current_time() + bound)
-    sup.duration_s = time.monotonic() - started
+    if not sup.duration_s:
+        sup.duration_s = time.monotonic() - started
     return sup
 
 
@@ -214,10 +243,10 @@ def finish_result(
 ) -> ExecResult:
     """Assemble an ``ExecResult`` (also for runs that never started)."""
     term = termination or Termination()
+    for capture in (stdout, stderr):
+        capture.keep_if_lossy()
     out, err = stdout.report(), stderr.report()
-    notes = [n for c in (stdout, stderr) for n in (c.spill_error, c.sink_error) if n]
-    if notes:
-        error = "; ".join([error, *notes] if error else notes)
+    warnings = [n for c in (stdout, stderr) for n in (c.spill_error, c.sink_error) if n]
     return ExecResult(
         status=status,
         exit_code=exit_code,
@@ -246,6 +275,7 @@ def finish_result(
         argv=facts.argv,
         run_id=facts.run_id,
         error=error,
+        warnings=warnings,
     )
 
 
@@ -277,4 +307,5 @@ async def supervise_request(handle: RunHandle, request: ExecRequest, started: fl
         grace_s=limits.grace_s,
         drain_s=limits.drain_s,
         started=started,
+        flow=request.sink if isinstance(request.sink, LiveSink) else None,
     )

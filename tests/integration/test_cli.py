@@ -202,22 +202,25 @@ def test_doctor_reports_every_backend() -> None:
 
 
 def test_stalled_terminal_does_not_stall_the_deadline(workspace: Path) -> None:
-    """Nobody reads our stdout: the timeout must still fire on time."""
+    """Nobody reads our terminal (Ctrl-S): the timeout must still fire on time. (A pipe nobody
+    reads holds the CLI like it holds ``cat``: see test_live_output.py.)"""
+    master, slave = pty.openpty()
     start = time.monotonic()
     proc = subprocess.Popen(
         [*CLI, "run", "-w", str(workspace), "-b", "process-group", "-t", "2", "--grace", "0.5",
          "--", "yes"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=slave, stderr=subprocess.PIPE,
     )  # fmt: skip
+    os.close(slave)
     try:
         rc = proc.wait(timeout=30)
         elapsed = time.monotonic() - start
     finally:
         proc.kill()
-        assert proc.stderr is not None and proc.stdout is not None
+        assert proc.stderr is not None
         err = proc.stderr.read().decode()
-        proc.stdout.close()
         proc.stderr.close()
+        os.close(master)
     assert rc == 124, err
     assert elapsed < 2 + 0.5 + 5 + 5  # deadline, grace, the bounded flush, interpreter start
     assert "not shown" in err
