@@ -152,13 +152,18 @@ def read_pids(procs_file: str) -> set[int]:
         return set()
 
 
+IN_TRANSIT = "\0in-transit"
+"""The owner of an unmarked process whose ancestry leaves the container: an exec being started."""
+
+
 def cgroup_members(
     procs_file: str, run_id: str, *, base: frozenset[int], others: frozenset[str]
 ) -> list[Proc]:
     """Live processes of one exec among a container's cgroup members (exact: forks and env
-    clearing cannot hide from a cgroup). ``base``: the container's own processes. With other
-    execs running, each process goes to the run of its nearest marked ancestor; unmarked
-    orphans are claimed by this run."""
+    clearing cannot hide from a cgroup). ``base``: the container's own processes (init first
+    among them). With other execs running, each process goes to the run of its nearest marked
+    ancestor; unmarked orphans of the init are claimed by this run; unmarked processes whose
+    parent is outside the container (``runc init`` of an exec still starting) by nobody."""
     table = {p.pid: p for p in map(read_proc, read_pids(procs_file) - base) if p is not None}
     live = [p for p in table.values() if p.state not in ("Z", "X") or threads_left(p.pid)]
     if not others:
@@ -174,12 +179,17 @@ def cgroup_members(
                 owners[pid] = mark
                 break
             pid = table[pid].ppid
-        found = owners.get(pid) if pid in owners else None
+        if pid in owners:
+            found = owners[pid]
+        elif pid in base:  # an unmarked orphan of the container's init: claimed
+            found = None
+        else:  # unmarked, under the engine (an exec still being started): nobody's yet
+            found = IN_TRANSIT
         for link in chain:
             owners[link] = owners.get(link, found)
         return owners.get(chain[0]) if chain else found
 
-    return [p for p in live if owner(p.pid) not in others]
+    return [p for p in live if owner(p.pid) not in others and owner(p.pid) != IN_TRANSIT]
 
 
 def oom_kills(pid: int) -> int | None:

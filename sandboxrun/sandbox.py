@@ -76,6 +76,11 @@ class Sandbox:
         self.user = user
         self.fallback_reason: str | None = None
         self.last_result: ExecResult | None = None
+        self.close_errors: list[str] = []
+        """What closing could not clean up (a container the engine did not remove in time),
+        one sentence each; also logged as warnings on the ``sandboxrun`` logger."""
+        self._inflight: dict[anyio.CancelScope, anyio.Event] = {}
+        self._closing = False
         if backend != "auto":
             backends.check_name(backend)
 
@@ -105,6 +110,7 @@ class Sandbox:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await backend.close()
+            self._collect_close_errors(backend)
             raise
         self._backend = backend
         return self
@@ -115,10 +121,30 @@ class Sandbox:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        backend, self._backend = self._backend, None
-        if backend is not None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the sandbox (idempotent). Execs still running are cancelled first and finish
+        their cleanup (TERM, grace, KILL: bounded); each returns a ``cancelled`` result whose
+        ``error`` says the sandbox was closed. Then the backend is closed (container removed)."""
+        if self._backend is None:
+            return
+        self._closing = True
+        try:
             with anyio.CancelScope(shield=True):
-                await backend.close()
+                for scope in list(self._inflight):
+                    scope.cancel()
+                for done in list(self._inflight.values()):
+                    await done.wait()
+                backend, self._backend = self._backend, None
+                if backend is not None:
+                    await backend.close()
+                    self._collect_close_errors(backend)
+        finally:
+            self._closing = False
+
+    def _collect_close_errors(self, backend: backends.Backend) -> None:
+        self.close_errors += getattr(backend, "close_errors", [])
 
     def prepare(
         self,
@@ -150,9 +176,10 @@ class Sandbox:
         prepend = [*self._path_prepend, *path_prepend]
         if prepend:
             join_path_prepend(prepend)
+        explicit = {**self._env, **(env or {})}
         built = build_env(
             self._host_env,
-            explicit={**self._env, **(env or {})},
+            explicit=explicit,
             pass_through=[*self._pass_env, *pass_env],
             pass_proxy=self._pass_proxy,
         )
@@ -173,6 +200,7 @@ class Sandbox:
             limits=self.limits,
             policy=self.policy,
             sink=sink,
+            explicit=frozenset(explicit),
         )
 
     def missing_guarantees(self, request: ExecRequest) -> list[str]:
@@ -208,6 +236,7 @@ class Sandbox:
 
     async def run_request(self, request: ExecRequest) -> ExecResult:
         backend = self.backend
+        backend.check_request(request)
         missing = self.missing_guarantees(request)
         if missing and self.policy.strict:
             raise PolicyRefusedError(backend.name, missing)
@@ -224,10 +253,38 @@ class Sandbox:
             missing=missing,
             fallback_reason=self.fallback_reason,
         )
-        result, cancelled = await backend.exec(request, facts)
-        self.last_result = result
-        if cancelled is not None:
-            raise cancelled
+        if self._closing:
+            raise RuntimeError("the Sandbox is closing: no new command can start")
+        scope, done = anyio.CancelScope(), anyio.Event()
+        self._inflight[scope] = done
+        result: ExecResult | None = None
+        try:
+            with scope:
+                result, cancelled = await backend.exec(request, facts)
+                self.last_result = result
+                if cancelled is not None:
+                    raise cancelled
+        finally:
+            del self._inflight[scope]
+            done.set()
+        if scope.cancelled_caught:  # aclose() cancelled it, not the caller
+            closed = {"error": "cancelled: the sandbox was closed during the command"}
+            if result is None:  # before the backend started anything
+                result = ExecResult(
+                    status="cancelled",
+                    duration_s=0.0,
+                    backend=facts.backend,
+                    isolation=facts.isolation,
+                    missing_guarantees=facts.missing,
+                    fallback_reason=facts.fallback_reason,
+                    argv=facts.argv,
+                    run_id=facts.run_id,
+                    **closed,
+                )
+            else:
+                result = result.model_copy(update=closed)
+            self.last_result = result
+        assert result is not None  # only our own scope's cancellation is swallowed above
         return result
 
 

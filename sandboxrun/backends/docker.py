@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,11 +22,11 @@ import docker.errors
 from docker import DockerClient
 
 from sandboxrun import dockerapi, proctree
-from sandboxrun.argv import join_path_prepend, shell_argv, wrapped_argv
-from sandboxrun.backends import Probe
+from sandboxrun.argv import shell_argv, wrapped_argv
+from sandboxrun.backends import Probe, docker_cgroup
 from sandboxrun.backends import docker_config as cfg
 from sandboxrun.backends.docker_run import DockerRun
-from sandboxrun.errors import BackendError
+from sandboxrun.errors import BackendError, SandboxUnavailableError
 from sandboxrun.images import BASE_IMAGE
 from sandboxrun.models import BackendName, ExecResult, Limits, Policy
 from sandboxrun.paths import CONTAINER_ROOT, Workspace
@@ -39,13 +40,18 @@ from sandboxrun.process import (
 from sandboxrun.proctree import MARKER_VAR
 from sandboxrun.spec import ExecRequest
 
-REMOVE_TIMEOUT_S = 30.0
+CLOSE_BUDGET_S = 15.0
+"""How long closing may take in all: removal attempts, retries and backoff."""
+REMOVE_ATTEMPT_S = 5.0
+"""The deadline of one removal request (a stalled engine is asked again)."""
 log = logging.getLogger("sandboxrun")
 
 
 def probe_docker(image: str = BASE_IMAGE) -> Probe:
     try:
         client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
+    except SandboxUnavailableError as exc:  # the reason alone: the caller names the backend
+        return Probe("docker", False, exc.reason, ())
     except Exception as exc:  # any failure to reach the engine is a reason to fall back
         return Probe("docker", False, str(exc), ())
     try:
@@ -66,6 +72,17 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
     return Probe("docker", True, None, tuple(cfg.isolation(Policy(), Limits(), default_user)))
 
 
+def main_processes(init_pid: int, wait_s: float = 2.0) -> frozenset[int]:
+    """The container's own main process(es): the init's children once it has forked them (a
+    main process recorded too early would later look like a leftover of some exec)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = frozenset(p.pid for p in proctree.process_table().values() if p.ppid == init_pid)
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.005)
+
+
 def engine_socket() -> str | None:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     return host.removeprefix("unix://") if host.startswith("unix://") else None
@@ -82,7 +99,9 @@ class DockerBackend:
         image: str | None,
         user: str | None,
     ) -> None:
+        cfg.check_workspace_utf8(workspace.root)  # before anything reaches the engine
         cfg.check_workspace(workspace.root, engine_socket())
+        cfg.check_limits(limits, cpu_count=os.cpu_count() if engine_socket() else None)
         self.workspace = workspace
         self.policy = policy
         self.limits = limits
@@ -95,8 +114,14 @@ class DockerBackend:
         self.init_pid: int | None = None
         self.keep: frozenset[int] = frozenset()
         self.cgroup_procs: str | None = None
+        self.run_cgroup_base: Path | None = None
+        """The container's cgroup v2 directory, when each exec gets a child cgroup there."""
         self.active: set[str] = set()
         self.recycle_needed = False
+        self.limits_shown: set[str] | None = None
+        """The limits the container's cgroup really shows (local engines), else None."""
+        self.close_errors: list[str] = []
+        """What closing could not do (a container left behind), one sentence each."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -127,8 +152,13 @@ class DockerBackend:
         self.local = pid > 0 and os.access(f"/proc/{pid}/environ", os.R_OK)
         if self.local:  # the init's children now are the container's own main process
             self.init_pid = pid
-            self.keep = frozenset(p.pid for p in proctree.process_table().values() if p.ppid == pid)
+            self.keep = main_processes(pid)
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
+            self.run_cgroup_base = docker_cgroup.unified_dir(pid)
+            try:
+                self.limits_shown = cfg.cgroup_limits(Path(f"/proc/{pid}/cgroup").read_text())
+            except OSError:
+                self.limits_shown = None
 
     def dying(self) -> bool:
         """Whether the container's own processes (init, main) are gone: read from /proc, so it
@@ -146,30 +176,38 @@ class DockerBackend:
         return dict(info.get("State") or {})
 
     async def close(self) -> None:
-        with anyio.move_on_after(REMOVE_TIMEOUT_S):
+        """Remove the container within ``CLOSE_BUDGET_S``; what could not be removed is logged
+        and added to ``close_errors`` (it keeps its labels: ``sandboxrun clean`` removes it)."""
+        cid = self.container_id
+        with anyio.move_on_after(CLOSE_BUDGET_S + 2.0) as scope:
             await anyio.to_thread.run_sync(self._close_sync, abandon_on_cancel=True)
+        if scope.cancelled_caught and cid is not None:  # a safety net: attempts have deadlines
+            self._left_behind(cid, "the engine did not answer")
 
     def _close_sync(self) -> None:
         client, cid = self.client, self.container_id
         self.container_id = None
         if client is not None and cid is not None:
-            try:
-                dockerapi.retrying(
-                    lambda: client.api.remove_container(cid, force=True, v=True),
-                    what="remove the sandbox container",
-                )
-            except docker.errors.NotFound:
-                pass  # removed under us
-            except BackendError as exc:
-                if "already in progress" not in str(exc):
-                    log.warning("sandboxrun: %s (sandboxrun clean will retry)", exc)
+            error = dockerapi.remove_container(
+                client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
+            )
+            if error is not None:
+                self._left_behind(cid, error)
         if client is not None:
             client.close()
             self.client = None
 
+    def _left_behind(self, cid: str, why: str) -> None:
+        message = (
+            f"could not remove the sandbox container {cid[:12]} ({why}); "
+            "`sandboxrun clean` removes it once this process has exited"
+        )
+        self.close_errors.append(message)
+        log.warning("sandboxrun: %s", message)
+
     # -- commands ---------------------------------------------------------------------------
     def isolation(self, request: ExecRequest) -> list[str]:
-        return cfg.isolation(self.policy, self.limits, self.user)
+        return cfg.isolation(self.policy, self.limits, self.user, shown=self.limits_shown)
 
     def command(self, request: ExecRequest) -> list[str]:
         if request.script is not None:
@@ -178,8 +216,22 @@ class DockerBackend:
         return wrapped_argv(request.argv, shell=self.shell)
 
     def env(self, request: ExecRequest) -> dict[str, str]:
-        prepend = join_path_prepend(request.path_prepend) if request.path_prepend else ""
-        return cfg.exec_env(request.env, marker=(MARKER_VAR, request.run_id), prepend=prepend)
+        return cfg.exec_env(
+            request.env,
+            explicit=request.explicit,
+            marker=(MARKER_VAR, request.run_id),
+            prepend=request.path_prepend,
+        )
+
+    def check_request(self, request: ExecRequest) -> None:
+        """The Engine API is JSON: refuse (``InputError``) argv, script, variables or workdir
+        that are not UTF-8 instead of letting the engine mangle them into U+FFFD."""
+        cfg.check_utf8(
+            argv=request.argv,
+            script=request.script,
+            env=self.env(request),
+            workdir=self.workdir(request),
+        )
 
     def workdir(self, request: ExecRequest) -> str:
         return str(CONTAINER_ROOT / request.workdir_rel)

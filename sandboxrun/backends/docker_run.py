@@ -15,6 +15,7 @@ import docker.errors
 
 from sandboxrun import dockerapi, proctree
 from sandboxrun.backends import docker_config as cfg
+from sandboxrun.backends.docker_cgroup import RunCgroup, stub_argv
 from sandboxrun.capture import StreamCapture
 from sandboxrun.demux import FrameDecoder, FrameError
 from sandboxrun.errors import BackendError
@@ -31,6 +32,12 @@ POLL_S = 0.25
 SWEEP_TICK_S = 0.02
 DEATH_WAIT_S = 1.0
 LEFTOVER_DEATH_WAIT_S = 0.2
+START_TIMEOUT_S = 10.0
+"""How long an exec may take to appear in the container before the run is a sandbox error."""
+START_POLL_S = 0.001
+INSPECT_EVERY_S = 0.1
+STOP_WAIT_S = 1.0
+"""How long an adopted stub may take to stop itself (longer: something continued it)."""
 
 
 def wait_status_from_exit_code(code: int | None) -> int | None:
@@ -55,6 +62,7 @@ class DockerRun:
         self.oom_before: int | None = None
         self.sock: socket.socket | None = None
         self.keep: Any = None  # docker-py's socket wrapper, kept alive with the socket
+        self.initial = b""  # stream bytes read with the exec-start response head
         self.eof = False
         self.eof_event = anyio.Event()
         self.stream_error: str | None = None
@@ -63,6 +71,8 @@ class DockerRun:
         self.termed: set[tuple[int, int]] = set()
         self.had_leftovers = False
         self.stdin_left = request.stdin
+        base = backend.run_cgroup_base
+        self.cgroup = RunCgroup(base, request.run_id) if base is not None else None
 
     @property
     def api(self) -> Any:
@@ -80,10 +90,19 @@ class DockerRun:
         if backend.dying():
             backend.recycle_needed = True
             raise BackendError("the sandbox container is not running (it will be recreated)")
+        command = backend.command(request)
+        if self.cgroup is not None:
+            try:
+                self.cgroup.create()
+            except OSError as exc:
+                raise BackendError(
+                    f"cannot create the exec's cgroup {self.cgroup.path}: {exc}"
+                ) from exc
+            command = stub_argv(command)
         created = dockerapi.once(
             lambda: self.api.exec_create(
                 backend.container_id,
-                backend.command(request),
+                command,
                 stdin=request.stdin is not None,
                 environment=backend.env(request),
                 workdir=backend.workdir(request),
@@ -99,7 +118,38 @@ class DockerRun:
         if not isinstance(raw, socket.socket):
             raise BackendError(f"docker: unexpected exec stream object {type(raw).__name__}")
         raw.setblocking(False)
+        self.initial = dockerapi.buffered_bytes(self.keep)  # first frames, if coalesced
         self.sock = raw
+        if self.cgroup is not None:
+            self._adopt(self.cgroup)
+
+    def _adopt(self, cgroup: RunCgroup) -> None:
+        """Move the exec's stub into the run's cgroup once it has stopped itself, then let it
+        go on: every process of the run is born in the run's cgroup. Returns once the exec is
+        known to have started, or to have ended without ever appearing (a start error)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        next_inspect = 0.0
+        adopted_at: float | None = None
+        while time.monotonic() < deadline:
+            members = cgroup.adopt()
+            stopped = [p for p in members if p.state == "T"]
+            if stopped:
+                proctree.signal_all(stopped, signal.SIGCONT)
+                break
+            now = time.monotonic()
+            if members and adopted_at is None:
+                adopted_at = now
+            if adopted_at is not None and now - adopted_at > STOP_WAIT_S:
+                break  # continued by someone else: it runs, in its cgroup
+            if not members and now >= next_inspect:
+                info = self._inspect()
+                if not info.get("Running") and info.get("ExitCode") is not None:
+                    break  # ended without appearing: the engine could not start it
+                next_inspect = now + INSPECT_EVERY_S
+            time.sleep(START_POLL_S)
+        else:
+            self.backend.recycle_needed = True  # whatever starts later dies with the container
+            raise BackendError(f"docker: the exec did not start within {START_TIMEOUT_S:.0f} s")
 
     # -- output -----------------------------------------------------------------------------
     async def pump(self) -> None:
@@ -112,6 +162,15 @@ class DockerRun:
     async def _read(self) -> None:
         sock = self.sock
         assert sock is not None
+        if self.initial:  # read past the exec-start response head: the stream's first bytes
+            data, self.initial = self.initial, b""
+            try:
+                self.decoder.feed(data)
+            except FrameError as exc:
+                self.stream_error = str(exc)
+                self.eof = True
+                self.eof_event.set()
+                return
         reads = 0
         while True:
             try:
@@ -130,6 +189,8 @@ class DockerRun:
                 return
             try:
                 self.decoder.feed(data)
+                await self.captures["stdout"].wait_sink()  # backpressure from a slow reader
+                await self.captures["stderr"].wait_sink()
             except FrameError as exc:
                 self.stream_error = str(exc)
                 self.eof = True
@@ -188,9 +249,10 @@ class DockerRun:
         until nothing is left or the kill budget is spent (then the container is recycled).
         "Nothing left" needs two empty sweeps in a row: a process caught mid-``exec`` or
         mid-reparenting can be invisible to one."""
-        if self.backend.local and self.exit_info is None:  # exec pid: found without its environ
-            info = await anyio.to_thread.run_sync(self._inspect)
-            self.exec_pid = int(info.get("Pid") or 0) if info.get("Running") else 0
+        if self.cgroup is None and self.exit_info is None:
+            info = await anyio.to_thread.run_sync(self._wait_started)
+            if self.backend.local:  # the exec pid: found without its environ
+                self.exec_pid = int(info.get("Pid") or 0) if info.get("Running") else 0
         alive = await self._settled("TERM")
         self.had_leftovers = alive > 0 and self.exit_info is not None  # after a normal exit
         deadline = time.monotonic() + grace_s
@@ -205,18 +267,43 @@ class DockerRun:
         if alive:
             self.backend.recycle_needed = True
             return Termination(survivors=alive, error=f"{alive} process(es) could not be killed")
+        if self.cgroup is not None:
+            cpu = self.cgroup.cpu_s()
+            self.cgroup.remove()
+            return Termination(cpu_s=None if cpu is None else round(cpu, 6))
         return Termination()
+
+    def _wait_started(self) -> dict[str, Any]:
+        """Without a run cgroup: wait (bounded) until the engine says the exec runs or has
+        ended, so that an empty sweep means "nothing left", not "not there yet"."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            info = self._inspect()
+            ended = not info.get("Running") and info.get("ExitCode") is not None
+            if info.get("Running") or ended or "Error" in info or time.monotonic() > deadline:
+                return info
+            time.sleep(START_POLL_S * 20)
 
     async def _settled(self, sig: str) -> int:
         alive = await self._sweep(sig)
-        if not alive and not self.backend.cgroup_procs:  # a cgroup listing is exact
+        if not alive and not self.backend.cgroup_procs and self.cgroup is None:  # exact lists
             await anyio.sleep(SWEEP_TICK_S)
             alive = await self._sweep(sig)
         return alive
 
     async def _sweep(self, sig: str) -> int:
         """Signal the exec's processes (TERM only once per process); return how many live."""
-        backend = self.backend
+        backend, cgroup = self.backend, self.cgroup
+        if cgroup is not None:
+            if sig == "TERM":
+                procs = cgroup.members()
+                fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
+                self.termed.update((p.pid, p.start) for p in fresh)
+                proctree.signal_all(fresh, signal.SIGTERM)
+            else:
+                cgroup.kill()
+            alive = len(cgroup.members())
+            return alive if alive or not cgroup.populated() else 1
         if backend.local:
             if backend.cgroup_procs and backend.init_pid:
                 procs = proctree.cgroup_members(
@@ -307,6 +394,13 @@ class DockerRun:
 
     def close(self) -> None:
         self.backend.active.discard(self.request.run_id)
+        cgroup, self.cgroup = self.cgroup, None
+        if cgroup is not None and not cgroup.remove() and cgroup.path.exists():
+            cgroup.kill()  # a run that never reached termination (a start error) leaves nothing
+            deadline = time.monotonic() + KILL_BUDGET_S
+            while cgroup.populated() and time.monotonic() < deadline:
+                time.sleep(SWEEP_TICK_S)
+            cgroup.remove()
         if self.sock is not None:
             with suppress(OSError):
                 self.sock.close()

@@ -43,9 +43,11 @@ MANAGED = "sandboxrun.managed"
 FAST = Limits(grace_s=0.5, drain_s=0.5)
 MiB = 1 << 20
 PREFIX = (
+    'if [ -n "${SANDBOXRUN_EXPLICIT_PATH+x}" ]; then '
+    'PATH="$SANDBOXRUN_EXPLICIT_PATH"; export PATH; fi; '
     'if [ -n "${SANDBOXRUN_PATH_PREPEND-}" ]; then '
     'PATH="$SANDBOXRUN_PATH_PREPEND${PATH:+:$PATH}"; export PATH; fi; '
-    "unset SANDBOXRUN_PATH_PREPEND; "
+    "unset SANDBOXRUN_EXPLICIT_PATH SANDBOXRUN_PATH_PREPEND; "
 )
 """The login-shell prefix, written out literally: the golden tests pin it."""
 PROFILE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -1,0 +1,148 @@
+"""Concurrent runs in one sandbox never touch each other; a run ends only when it is over.
+
+Every backend: many short commands run beside neighbours that time out (TERM-ignoring, with a
+background child) or are cancelled, round after round; none of the short ones may be signalled
+or lose output (0 collateral). A timeout or a cancellation that fires before the command has
+even started still kills it: nothing of it may run on afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from conformance_helpers import assert_container_clean
+
+from sandboxrun import Limits, Sandbox, backends
+from sandboxrun.models import ExecResult
+
+pytestmark = pytest.mark.anyio
+
+FAST = Limits(grace_s=0.3, drain_s=0.5)
+ROUNDS = 5
+SHORT_RUNS = 32
+CONCURRENCY = 8
+TERM_IGNORING = "trap '' TERM; sleep 30 & sleep 30"
+
+
+async def test_neighbours_that_time_out_or_are_cancelled_kill_nothing_else(
+    workspace: Path, backend: str
+) -> None:
+    await hammer(workspace, backend, ROUNDS)
+
+
+async def test_docker_without_exec_cgroups_kills_nothing_else(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the container's cgroup is not writable (a non-root invoker) docker execs are told
+    apart by their markers: an exec still being started belongs to nobody yet."""
+    from sandboxrun.backends import docker_cgroup
+
+    if not backends.probe("docker").available:
+        pytest.skip("docker unavailable here")
+    monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid: None)
+    await hammer(workspace, "docker", 3)
+
+
+async def hammer(workspace: Path, backend: str, rounds: int) -> None:
+    collateral: list[ExecResult] = []
+    neighbours: list[ExecResult] = []
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        limiter = anyio.CapacityLimiter(CONCURRENCY)
+        for _ in range(rounds):
+
+            async def short(index: int) -> None:
+                async with limiter:
+                    result = await sb.exec(shell=f"sleep 0.1; echo done-{index}", timeout=30)
+                if result.status != "completed" or result.stdout != f"done-{index}\n":
+                    collateral.append(result)
+
+            async def timing_out() -> None:
+                neighbours.append(await sb.exec(["sh", "-c", TERM_IGNORING], timeout=0.7))
+
+            async def cancelled() -> None:
+                with anyio.move_on_after(0.4):
+                    await sb.exec(["sh", "-c", TERM_IGNORING], timeout=30)
+                assert sb.last_result is not None
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(timing_out)
+                tg.start_soon(cancelled)
+                for index in range(SHORT_RUNS):
+                    tg.start_soon(short, index)
+        await assert_container_clean(sb)
+    summary = [(r.status, r.exit_code, r.signal, r.error, r.stdout) for r in collateral]
+    assert not collateral, f"{len(collateral)} of {rounds * SHORT_RUNS} short runs hit: {summary}"
+    assert [r.status for r in neighbours] == ["timed_out"] * rounds
+    assert all(r.survivors == 0 for r in neighbours)
+
+
+@pytest.mark.parametrize("timeout", [0.001, 0.01, 0.05])
+async def test_timeout_before_the_command_started_still_kills_it(
+    workspace: Path, backend: str, timeout: float
+) -> None:
+    """The deadline can pass while the command is still being started (docker: between exec
+    start and the process existing). The run must not end until the command is known to be
+    dead or never to start: no file appears later, no process is left."""
+    target = workspace / "late.txt"
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        start = time.monotonic()
+        result = await sb.exec(shell="sleep 1; echo late > late.txt", timeout=timeout)
+        elapsed = time.monotonic() - start
+        await assert_container_clean(sb)
+    assert result.status == "timed_out"
+    assert result.survivors == 0
+    assert elapsed < 1.0, "the run waited for the command instead of killing it"
+    await anyio.sleep(1.5)
+    assert not target.exists(), "the command ran on after its run was over"
+
+
+async def test_cancellation_before_the_command_started_still_kills_it(
+    workspace: Path, backend: str
+) -> None:
+    target = workspace / "late.txt"
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        for delay in (0.0, 0.001, 0.005, 0.02):
+            sb.last_result = None
+            with anyio.move_on_after(delay):
+                await sb.exec(shell="sleep 1; echo late > late.txt", timeout=30)
+            if sb.last_result is not None:  # None: cancelled before anything was started
+                assert sb.last_result.status == "cancelled"
+                assert sb.last_result.survivors == 0
+        await assert_container_clean(sb)
+    await anyio.sleep(1.5)
+    assert not target.exists(), "a cancelled command ran on after its run was over"
+
+
+async def test_closing_the_sandbox_during_an_exec_cancels_it_cleanly(
+    workspace: Path, backend: str
+) -> None:
+    """``aclose`` while execs run (in a task group outside the sandbox's block): each exec
+    returns a ``cancelled`` result that says why (it is not the caller's cancellation, so it is
+    not raised), nothing of it is left, and no internal error escapes."""
+    results: list[ExecResult] = []
+    sb = Sandbox(workspace, backend=backend, limits=FAST)
+    async with anyio.create_task_group() as tg:
+        await sb.__aenter__()
+
+        async def victim(script: str) -> None:
+            results.append(await sb.exec(shell=script, timeout=30))
+
+        tg.start_soon(victim, "echo up; sleep 30")
+        tg.start_soon(victim, "trap '' TERM; echo up; sleep 30")
+        await anyio.sleep(0.8)
+        start = time.monotonic()
+        await sb.aclose()
+        closed_in = time.monotonic() - start
+    assert len(results) == 2
+    for result in results:
+        assert result.status == "cancelled", result
+        assert result.error is not None
+        assert "closed" in result.error
+        assert result.stdout == "up\n"
+        assert result.survivors == 0
+    assert closed_in < FAST.grace_s + 5
+    with pytest.raises(RuntimeError, match="not open"):
+        await sb.exec(["true"])
