@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,7 +30,7 @@ from sandboxrun.models import ExecResult, Limits, Policy
 from sandboxrun.sandbox import Sandbox
 from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import default_spill_root, prune
-from sandboxrun.terminal import LiveWriter
+from sandboxrun.terminal import LiveWriter, StreamStats
 from sandboxrun.units import parse_size
 
 app = typer.Typer(
@@ -38,6 +40,16 @@ app = typer.Typer(
 )
 
 EXIT_USAGE = 2
+OPTION_OF = {
+    "timeout_s": "--timeout",
+    "grace_s": "--grace",
+    "max_output": "--max-output",
+    "spill_max": "--spill-max",
+    "memory_bytes": "--memory",
+    "cpus": "--cpus",
+    "pids": "--pids",
+}
+"""The option behind a ``Limits`` field, for error messages."""
 EXIT_SANDBOX = 125
 
 
@@ -59,16 +71,68 @@ def exit_status(result: ExecResult) -> int:
     return result.exit_code if result.exit_code is not None else EXIT_SANDBOX
 
 
+def write_out(text: str) -> None:
+    """Write ``text`` to stdout as bytes, whatever the locale: lone surrogates (bytes of an argv
+    or a path that are not UTF-8) go out as the original bytes."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(os.fsencode(text))
+    sys.stdout.flush()
+
+
+def say(line: str) -> None:
+    """One line to stderr; a reader that closed it must not turn the run's exit status into a
+    traceback (nor the interpreter's final flush into exit 120)."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (BrokenPipeError, OSError):
+        with suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+
+
 def fail(code: int, message: str) -> typer.Exit:
     sys.stderr.write(f"sandboxrun: error: {message}\n")
     return typer.Exit(code)
 
 
-def summary(result: ExecResult, live_dropped: int = 0) -> str | None:
-    """One line on what the user should know: truncation, timeout, survivors."""
+def _where(result: ExecResult, name: str) -> str:
+    """Where the full stream ``name`` can be found, as a summary clause."""
+    spill = getattr(result, f"{name}_spill")
+    if spill and getattr(result, f"{name}_spill_complete"):
+        return f"full stream in {spill}"
+    if spill:
+        return f"first part in {spill}"
+    return "the full stream was not kept"
+
+
+def live_notes(result: ExecResult, stats: dict[str, StreamStats]) -> list[str]:
+    """What live output did not reach its reader, and why (slow terminal, closed pipe)."""
     parts: list[str] = []
-    if live_dropped:
-        parts.append(f"{live_dropped} bytes of live output not shown (terminal too slow)")
+    for name, s in stats.items():
+        if s.dropped:
+            parts.append(
+                f"{s.dropped} bytes of {name} not shown on the terminal "
+                f"(too slow; {_where(result, name)})"
+            )
+        if s.lost and s.failure == "closed":
+            parts.append(
+                f"the reader of {name} closed the pipe: {s.lost} bytes not shown "
+                f"({_where(result, name)})"
+            )
+        elif s.lost:
+            parts.append(
+                f"writing {name} failed ({s.failure}): {s.lost} bytes not shown "
+                f"({_where(result, name)})"
+            )
+    return parts
+
+
+def summary(result: ExecResult, live: dict[str, StreamStats] | None = None) -> str | None:
+    """One line on what the user should know: live output not shown, truncation, timeout,
+    survivors."""
+    parts = live_notes(result, live or {})
     if result.timed_out:
         parts.append(f"timed out after {result.duration_s:.1f}s")
     for name in ("stdout", "stderr"):
@@ -179,20 +243,25 @@ def run(
         )
         if dry_run:
             chosen, _ = sb.choose_backend()
-            sys.stdout.write(quote_argv(chosen.describe(request)) + "\n")
+            chosen.check_request(request)
+            write_out(quote_argv(chosen.describe(request)) + "\n")
             raise typer.Exit(0)
         try:
             outcome = anyio.run(_execute, sb, request)
         finally:
             if live is not None:
                 live.close()
+            for message in sb.close_errors:  # e.g. a container left behind
+                sys.stderr.write(f"sandboxrun: warning: {message}\n")
         if outcome is None:
             raise fail(130, "interrupted before the command started")
         result = outcome
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise fail(EXIT_USAGE, f"invalid {where}: {first['msg']}") from None
+        where = OPTION_OF.get(where, where)
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise fail(EXIT_USAGE, f"invalid {where}: {message}") from None
     except InputError as exc:
         raise fail(EXIT_USAGE, str(exc)) from None
     except (SandboxUnavailableError, PolicyRefusedError, BackendError) as exc:
@@ -200,20 +269,20 @@ def run(
     except KeyboardInterrupt:
         raise fail(130, "interrupted") from None
     if result.fallback_reason:
-        sys.stderr.write(
-            f"sandboxrun: warning: falling back to {result.backend}: {result.fallback_reason}\n"
-        )
+        say(f"sandboxrun: warning: falling back to {result.backend}: {result.fallback_reason}")
     if result.missing_guarantees:
-        sys.stderr.write(
+        say(
             f"sandboxrun: warning: {result.backend} cannot enforce: "
-            f"{', '.join(result.missing_guarantees)}\n"
+            f"{', '.join(result.missing_guarantees)}"
         )
     if json_out:
-        sys.stdout.write(result.model_dump_json() + "\n")
+        write_out(result.to_json() + "\n")
     else:
-        line = summary(result, live.dropped if live else 0)
+        for warning in result.warnings:
+            say(f"sandboxrun: warning: {warning}")
+        line = summary(result, live.stats if live else None)
         if line:
-            sys.stderr.write(line + "\n")
+            say(line)
     raise typer.Exit(exit_status(result))
 
 

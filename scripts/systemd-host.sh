@@ -13,16 +13,18 @@ base=sandboxrun/bootstrap:$suite
 setup_failed() { echo "systemd test host: $1" >&2; exit 3; }  # 3: could not set up, no test ran
 docker image inspect "$base" >/dev/null 2>&1 || .venv/bin/sandboxrun image bootstrap >/dev/null \
   || setup_failed "cannot build the offline bootstrap $base"
+# its own label, never sandboxrun.managed: `sandboxrun clean --all` must not remove the host
 docker build -q -t "$IMAGE" --build-arg BASE_IMAGE="$base" \
-  --label sandboxrun.managed=true tests/systemd_host >/dev/null \
+  --label sandboxrun.test-host=true tests/systemd_host >/dev/null \
   || setup_failed "cannot build $IMAGE"
 
 name="sandboxrun-systemd-host-$$"
 cleanup() { docker rm -f "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM  # the EXIT trap runs on these too
 docker run -d --name "$name" \
-  --label sandboxrun.managed=true --label sandboxrun.owner_pid=$$ \
-  --label sandboxrun.owner_host="$(hostname)" --label sandboxrun.created="$(date +%s)" \
+  --label sandboxrun.test-host=true --label sandboxrun.test-host.owner_pid=$$ \
   --cap-add SYS_ADMIN --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
   --tmpfs /run --tmpfs /run/lock -v "$PWD":/src:ro "$IMAGE" >/dev/null \
   || setup_failed "cannot start $IMAGE"
