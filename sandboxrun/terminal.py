@@ -20,9 +20,11 @@ import errno
 import os
 import queue
 import select
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sandboxrun.sanitize import TerminalSanitizer
 
@@ -37,6 +39,8 @@ class StreamStats:
     """What became of one stream's live output."""
 
     tty: bool
+    null: bool = False
+    """The fd is the null device: nothing to write, nothing to wait for."""
     shown: int = 0
     """Bytes written to the fd (before terminal sanitizing)."""
     dropped: int = 0
@@ -46,6 +50,15 @@ class StreamStats:
     failure: str | None = None
     """Why writing stopped: ``"closed"`` (EPIPE) or the error text."""
     queued: int = field(default=0, repr=False)
+
+
+def is_null_device(fd: int) -> bool:
+    """Whether ``fd`` is open on the null device (``> /dev/null``)."""
+    try:
+        st, null = os.fstat(fd), Path(os.devnull).stat()
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == null.st_rdev
 
 
 class _Worker(threading.Thread):
@@ -70,7 +83,10 @@ class LiveWriter:
         # Raw fds, not sys.stdout: a thread blocked in a buffered write would hold the buffer's
         # lock, and the interpreter's final flush would wait for it forever.
         self.fds = fds or {"stdout": 1, "stderr": 2}
-        self.stats = {name: StreamStats(tty=os.isatty(fd)) for name, fd in self.fds.items()}
+        self.stats = {
+            name: StreamStats(tty=os.isatty(fd), null=is_null_device(fd))
+            for name, fd in self.fds.items()
+        }
         self.sanitizers = {
             name: TerminalSanitizer() if self.stats[name].tty else None for name in self.fds
         }
@@ -104,6 +120,10 @@ class LiveWriter:
             s = self.stats[name]
             if s.failure is not None:
                 s.lost += len(chunk)
+                self._progress += len(chunk)
+                return
+            if s.null:  # `> /dev/null`: shown, at no cost (no thread hop, no backpressure)
+                s.shown += len(chunk)
                 self._progress += len(chunk)
                 return
             if s.tty and s.queued + len(chunk) > QUEUE_BYTES:

@@ -131,3 +131,22 @@ def test_a_lossy_stream_that_fit_in_memory_is_kept_on_disk(tmp_path: Path) -> No
     assert report.spill is not None
     assert Path(report.spill).read_bytes() == b"\xffhello"
     assert report.spill_complete
+
+
+def test_the_null_device_is_never_queued_nor_congested(tmp_path: Path) -> None:
+    null = os.open(os.devnull, os.O_WRONLY)
+    regular = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+    try:
+        writer = LiveWriter({"stdout": null, "stderr": regular})
+        for _ in range(2 * QUEUE_BYTES // CHUNK):
+            writer("stdout", b"x" * CHUNK)
+            assert not writer.congested("stdout")
+        writer("stderr", b"y")
+        writer.close()
+        assert writer.stats["stdout"].null and not writer.stats["stderr"].null
+        assert writer.stats["stdout"].shown == 2 * QUEUE_BYTES
+        assert writer.dropped == 0
+        assert (tmp_path / "out").read_bytes() == b"y"
+    finally:
+        os.close(null)
+        os.close(regular)
