@@ -71,11 +71,11 @@ def exit_status(result: ExecResult) -> int:
     return result.exit_code if result.exit_code is not None else EXIT_SANDBOX
 
 
-def write_out(text: str) -> None:
-    """Write ``text`` to stdout as bytes, whatever the locale: lone surrogates (bytes of an argv
-    or a path that are not UTF-8) go out as the original bytes."""
+def write_out(text: str | bytes) -> None:
+    """Write to stdout as bytes, whatever the locale: lone surrogates of a ``str`` (bytes of an
+    argv or a path that are not UTF-8) go out as the original bytes."""
     sys.stdout.flush()
-    sys.stdout.buffer.write(os.fsencode(text))
+    sys.stdout.buffer.write(text if isinstance(text, bytes) else os.fsencode(text))
     sys.stdout.flush()
 
 
@@ -93,7 +93,7 @@ def say(line: str) -> None:
 
 
 def fail(code: int, message: str) -> typer.Exit:
-    sys.stderr.write(f"sandboxrun: error: {message}\n")
+    say(f"sandboxrun: error: {message}")
     return typer.Exit(code)
 
 
@@ -252,10 +252,12 @@ def run(
             if live is not None:
                 live.close()
             for message in sb.close_errors:  # e.g. a container left behind
-                sys.stderr.write(f"sandboxrun: warning: {message}\n")
+                say(f"sandboxrun: warning: {message}")
         if outcome is None:
             raise fail(130, "interrupted before the command started")
         result = outcome
+        if sb.close_errors and json_out:  # --json readers learn of it too (stderr has it)
+            result = result.model_copy(update={"warnings": [*result.warnings, *sb.close_errors]})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -276,7 +278,7 @@ def run(
             f"{', '.join(result.missing_guarantees)}"
         )
     if json_out:
-        write_out(result.to_json() + "\n")
+        write_out((result.to_json() + "\n").encode())  # valid UTF-8 whatever the locale
     else:
         for warning in result.warnings:
             say(f"sandboxrun: warning: {warning}")

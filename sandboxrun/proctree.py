@@ -157,18 +157,24 @@ IN_TRANSIT = "\0in-transit"
 
 
 def cgroup_members(
-    procs_file: str, run_id: str, *, base: frozenset[int], others: frozenset[str]
+    procs_file: str,
+    run_id: str,
+    *,
+    base: frozenset[int],
+    others: frozenset[str],
+    roots: tuple[int, ...] = (),
 ) -> list[Proc]:
     """Live processes of one exec among a container's cgroup members (exact: forks and env
     clearing cannot hide from a cgroup). ``base``: the container's own processes (init first
     among them). With other execs running, each process goes to the run of its nearest marked
     ancestor; unmarked orphans of the init are claimed by this run; unmarked processes whose
-    parent is outside the container (``runc init`` of an exec still starting) by nobody."""
+    parent is outside the container (``runc init`` of an exec still starting) by nobody.
+    ``roots`` (the exec's own main process) are this run's whatever their environment."""
     table = {p.pid: p for p in map(read_proc, read_pids(procs_file) - base) if p is not None}
     live = [p for p in table.values() if p.state not in ("Z", "X") or threads_left(p.pid)]
     if not others:
         return live
-    owners: dict[int, str | None] = {}
+    owners: dict[int, str | None] = {pid: run_id for pid in roots if pid in table}
 
     def owner(pid: int) -> str | None:
         chain = []

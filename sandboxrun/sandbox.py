@@ -80,7 +80,8 @@ class Sandbox:
         """What closing could not clean up (a container the engine did not remove in time),
         one sentence each; also logged as warnings on the ``sandboxrun`` logger."""
         self._inflight: dict[anyio.CancelScope, anyio.Event] = {}
-        self._closing = False
+        self._closed: anyio.Event | None = None
+        """Set while ``aclose`` runs; set (fired) when it is done."""
         if backend != "auto":
             backends.check_name(backend)
 
@@ -127,11 +128,14 @@ class Sandbox:
         """Close the sandbox (idempotent). Execs still running are cancelled first and finish
         their cleanup (TERM, grace, KILL: bounded); each returns a ``cancelled`` result whose
         ``error`` says the sandbox was closed. Then the backend is closed (container removed)."""
-        if self._backend is None:
-            return
-        self._closing = True
-        try:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            if self._closed is not None:  # another aclose() is at work: wait for its end
+                await self._closed.wait()
+                return
+            if self._backend is None:
+                return
+            self._closed = closed = anyio.Event()
+            try:
                 for scope in list(self._inflight):
                     scope.cancel()
                 for done in list(self._inflight.values()):
@@ -140,8 +144,9 @@ class Sandbox:
                 if backend is not None:
                     await backend.close()
                     self._collect_close_errors(backend)
-        finally:
-            self._closing = False
+            finally:
+                self._closed = None
+                closed.set()
 
     def _collect_close_errors(self, backend: backends.Backend) -> None:
         self.close_errors += getattr(backend, "close_errors", [])
@@ -253,7 +258,7 @@ class Sandbox:
             missing=missing,
             fallback_reason=self.fallback_reason,
         )
-        if self._closing:
+        if self._closed is not None:
             raise RuntimeError("the Sandbox is closing: no new command can start")
         scope, done = anyio.CancelScope(), anyio.Event()
         self._inflight[scope] = done
@@ -267,7 +272,9 @@ class Sandbox:
         finally:
             del self._inflight[scope]
             done.set()
-        if scope.cancelled_caught:  # aclose() cancelled it, not the caller
+        if scope.cancelled_caught and (result is None or result.status == "cancelled"):
+            # aclose() cancelled it, not the caller (a run that had already completed when the
+            # cancellation landed keeps its result as it is)
             closed = {"error": "cancelled: the sandbox was closed during the command"}
             if result is None:  # before the backend started anything
                 result = ExecResult(

@@ -118,6 +118,7 @@ class DockerBackend:
         """The container's cgroup v2 directory, when each exec gets a child cgroup there."""
         self.active: set[str] = set()
         self.recycle_needed = False
+        self._recycle_lock = anyio.Lock()
         self.limits_shown: set[str] | None = None
         """The limits the container's cgroup really shows (local engines), else None."""
         self.close_errors: list[str] = []
@@ -154,7 +155,7 @@ class DockerBackend:
             self.init_pid = pid
             self.keep = main_processes(pid)
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
-            self.run_cgroup_base = docker_cgroup.unified_dir(pid)
+            self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             try:
                 self.limits_shown = cfg.cgroup_limits(Path(f"/proc/{pid}/cgroup").read_text())
             except OSError:
@@ -250,10 +251,9 @@ class DockerBackend:
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:
         if self.recycle_needed:  # a previous exec left something unkillable: start afresh
-            await self.close()
-            self.recycle_needed = False
-            await self.open()
-        assert self.client is not None and self.container_id is not None
+            await self._recycle()
+        if self.client is None or self.container_id is None:
+            raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
         started = time.monotonic()
         out, err = captures(request)
         run = DockerRun(self, request, out, err)
@@ -268,7 +268,20 @@ class DockerBackend:
             with anyio.CancelScope(shield=True):
                 result = await run.classify(result)
         finally:
-            run.close()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(run.close)
             out.close()
             err.close()
         return result, sup.cancel_exc
+
+    async def _recycle(self) -> None:
+        """Replace the container, once, after the execs still running in it have ended (they
+        are not killed by a neighbour's recycle; new execs wait here meanwhile)."""
+        async with self._recycle_lock:
+            if not self.recycle_needed:
+                return  # another exec recycled it while this one waited
+            while self.active:  # noqa: ASYNC110 - runs leave `active` in worker threads
+                await anyio.sleep(0.05)
+            await self.close()
+            self.recycle_needed = False
+            await self.open()

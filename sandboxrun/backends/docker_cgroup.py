@@ -36,15 +36,26 @@ def stub_argv(command: list[str]) -> list[str]:
     return ["/bin/sh", "-c", STUB, STUB_ARGV0, *command]
 
 
-def unified_dir(pid: int, mount: str = "/sys/fs/cgroup") -> Path | None:
-    """The cgroup v2 directory of ``pid`` when it is a real, writable, non-root cgroup that
-    lists ``pid`` (a container's own cgroup), else None."""
+def is_stub(pid: int) -> bool:
+    """Whether ``pid`` still runs the stub (it has not yet ``exec``'d the command)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # noqa: PTH123 - hot path
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return argv[:4] == [b"/bin/sh", b"-c", STUB.encode(), STUB_ARGV0.encode()]
+
+
+def unified_dir(pid: int, container_id: str, mount: str = "/sys/fs/cgroup") -> Path | None:
+    """The cgroup v2 directory of ``pid`` when it is the container's own (its path names the
+    container, as docker's cgroupfs and systemd drivers both do), writable, and lists ``pid``;
+    else None (e.g. a hybrid host whose engine leaves the unified hierarchy shared)."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return None
     path = next((line[3:] for line in lines if line.startswith("0::")), None)
-    if not path or path == "/":
+    if not path or path == "/" or not container_id or container_id not in path:
         return None
     root = mount if Path(mount, "cgroup.controllers").exists() else f"{mount}/unified"
     directory = Path(root + path)
@@ -97,12 +108,6 @@ class RunCgroup:
 
     def populated(self) -> bool:
         return populated(self.path)
-
-    def signal(self, sig: int) -> int:
-        """Signal every member (TERM is followed by CONT); return how many were alive."""
-        procs = self.members()
-        proctree.signal_all(procs, sig)
-        return len(procs)
 
     def kill(self) -> None:
         """SIGKILL every member at once, forks in flight too (``cgroup.kill``, Linux 5.14+),

@@ -15,7 +15,7 @@ import docker.errors
 
 from sandboxrun import dockerapi, proctree
 from sandboxrun.backends import docker_config as cfg
-from sandboxrun.backends.docker_cgroup import RunCgroup, stub_argv
+from sandboxrun.backends.docker_cgroup import RunCgroup, is_stub, stub_argv
 from sandboxrun.capture import StreamCapture
 from sandboxrun.demux import FrameDecoder, FrameError
 from sandboxrun.errors import BackendError
@@ -35,9 +35,8 @@ LEFTOVER_DEATH_WAIT_S = 0.2
 START_TIMEOUT_S = 10.0
 """How long an exec may take to appear in the container before the run is a sandbox error."""
 START_POLL_S = 0.001
+START_POLL_MAX_S = 0.02
 INSPECT_EVERY_S = 0.1
-STOP_WAIT_S = 1.0
-"""How long an adopted stub may take to stop itself (longer: something continued it)."""
 
 
 def wait_status_from_exit_code(code: int | None) -> int | None:
@@ -76,8 +75,10 @@ class DockerRun:
 
     @property
     def api(self) -> Any:
-        assert self.backend.client is not None
-        return self.backend.client.api
+        client = self.backend.client
+        if client is None:
+            raise BackendError("docker: the sandbox was closed")
+        return client.api
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._start_sync)
@@ -129,27 +130,28 @@ class DockerRun:
         known to have started, or to have ended without ever appearing (a start error)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         next_inspect = 0.0
-        adopted_at: float | None = None
+        pause = START_POLL_S
         while time.monotonic() < deadline:
             members = cgroup.adopt()
             stopped = [p for p in members if p.state == "T"]
             if stopped:
                 proctree.signal_all(stopped, signal.SIGCONT)
-                break
+                return
+            if members and not any(is_stub(p.pid) for p in members):
+                return  # continued by someone else before it stopped: it runs, in its cgroup
             now = time.monotonic()
-            if members and adopted_at is None:
-                adopted_at = now
-            if adopted_at is not None and now - adopted_at > STOP_WAIT_S:
-                break  # continued by someone else: it runs, in its cgroup
             if not members and now >= next_inspect:
+                if self.backend.dying():
+                    self.backend.recycle_needed = True
+                    raise BackendError("the sandbox container stopped while the exec started")
                 info = self._inspect()
                 if not info.get("Running") and info.get("ExitCode") is not None:
-                    break  # ended without appearing: the engine could not start it
+                    return  # ended without appearing: the engine could not start it
                 next_inspect = now + INSPECT_EVERY_S
-            time.sleep(START_POLL_S)
-        else:
-            self.backend.recycle_needed = True  # whatever starts later dies with the container
-            raise BackendError(f"docker: the exec did not start within {START_TIMEOUT_S:.0f} s")
+            time.sleep(pause)  # a stub still starting (slow under a CPU limit) is waited for
+            pause = min(pause * 1.5, START_POLL_MAX_S)
+        self.backend.recycle_needed = True  # whatever starts later dies with the container
+        raise BackendError(f"docker: the exec did not start within {START_TIMEOUT_S:.0f} s")
 
     # -- output -----------------------------------------------------------------------------
     async def pump(self) -> None:
@@ -286,7 +288,7 @@ class DockerRun:
 
     async def _settled(self, sig: str) -> int:
         alive = await self._sweep(sig)
-        if not alive and not self.backend.cgroup_procs and self.cgroup is None:  # exact lists
+        if not alive and self.cgroup is None:  # only a run's own cgroup is exact
             await anyio.sleep(SWEEP_TICK_S)
             alive = await self._sweep(sig)
         return alive
@@ -311,6 +313,7 @@ class DockerRun:
                     self.request.run_id,
                     base=backend.keep | {backend.init_pid},
                     others=frozenset(backend.active - {self.request.run_id}),
+                    roots=(self.exec_pid,) if self.exec_pid else (),
                 )
             else:
                 procs = proctree.members(
@@ -393,14 +396,20 @@ class DockerRun:
             return {}
 
     def close(self) -> None:
-        self.backend.active.discard(self.request.run_id)
+        """Release the run (blocking: call it in a worker thread). A run that never reached
+        termination (a start error) leaves nothing: its stub, adopted or not, is killed."""
         cgroup, self.cgroup = self.cgroup, None
         if cgroup is not None and not cgroup.remove() and cgroup.path.exists():
-            cgroup.kill()  # a run that never reached termination (a start error) leaves nothing
             deadline = time.monotonic() + KILL_BUDGET_S
-            while cgroup.populated() and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                cgroup.adopt()  # a stub still in the container's own cgroup too
+                cgroup.kill()
+                if not cgroup.populated():
+                    break
                 time.sleep(SWEEP_TICK_S)
-            cgroup.remove()
+            if not cgroup.remove() and cgroup.populated():
+                self.backend.recycle_needed = True  # unkillable: the next exec starts afresh
+        self.backend.active.discard(self.request.run_id)
         if self.sock is not None:
             with suppress(OSError):
                 self.sock.close()

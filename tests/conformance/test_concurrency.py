@@ -42,7 +42,7 @@ async def test_docker_without_exec_cgroups_kills_nothing_else(
 
     if not backends.probe("docker").available:
         pytest.skip("docker unavailable here")
-    monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid: None)
+    monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
     await hammer(workspace, "docker", 3)
 
 
@@ -146,3 +146,75 @@ async def test_closing_the_sandbox_during_an_exec_cancels_it_cleanly(
     assert closed_in < FAST.grace_s + 5
     with pytest.raises(RuntimeError, match="not open"):
         await sb.exec(["true"])
+
+
+def docker_or_skip() -> None:
+    if not backends.probe("docker").available:
+        pytest.skip("docker unavailable here")
+
+
+async def test_docker_exec_slow_to_start_under_a_cpu_limit_still_runs(workspace: Path) -> None:
+    """Under a tiny CPU share with a busy neighbour the start stub takes long to stop itself;
+    it must be waited for and continued, not given up on (it would stay stopped forever)."""
+    docker_or_skip()
+    limits = Limits(grace_s=0.3, drain_s=0.5, cpus=0.01)
+    async with Sandbox(workspace, backend="docker", limits=limits) as sb:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: sb.exec(shell="while :; do :; done", timeout=25))
+            await anyio.sleep(0.5)
+            results = [await sb.exec(["echo", "hi"], timeout=20) for _ in range(3)]
+            tg.cancel_scope.cancel()
+        await assert_container_clean(sb)
+    assert [(r.status, r.stdout) for r in results] == [("completed", "hi\n")] * 3
+
+
+async def test_docker_env_cleared_main_process_is_still_its_runs(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without exec cgroups, a main process that re-execs with an empty environment beside a
+    running neighbour is still found (by its exec pid) and killed, with its child."""
+    from helpers import processes_with_arg
+
+    from sandboxrun.backends import docker_cgroup
+
+    docker_or_skip()
+    monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
+    tok = "1000.4321"
+    sb = Sandbox(workspace, backend="docker", limits=FAST)
+    async with sb, anyio.create_task_group() as tg:
+        tg.start_soon(lambda: sb.exec(shell="sleep 4", timeout=10))
+        await anyio.sleep(0.3)
+        start = time.monotonic()
+        result = await sb.exec(["env", "-i", "sh", "-c", f"sleep {tok} & wait"], timeout=1)
+        elapsed = time.monotonic() - start
+        assert not processes_with_arg(tok), "the env-cleared run outlived its timeout"
+    assert result.status == "timed_out"
+    assert result.survivors == 0
+    assert elapsed < 1 + FAST.grace_s + 3
+
+
+async def test_docker_recycle_waits_for_running_neighbours(workspace: Path) -> None:
+    """A recycle (after an unkillable leftover or a dead container) replaces the container
+    once, after the execs still running in it have ended: they are not cut off."""
+    from sandboxrun.backends.docker import DockerBackend
+
+    docker_or_skip()
+    async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
+        backend = sb.backend
+        assert isinstance(backend, DockerBackend)
+        first = backend.container_id
+        results: list[ExecResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def neighbour() -> None:
+                results.append(await sb.exec(shell="sleep 1; echo neighbour", timeout=10))
+
+            tg.start_soon(neighbour)
+            await anyio.sleep(0.3)
+            backend.recycle_needed = True
+            for _ in range(3):
+                tg.start_soon(lambda: sb.exec(["echo", "after"], timeout=10))
+            after = await sb.exec(["echo", "after"], timeout=10)
+        assert backend.container_id != first
+    assert [(r.status, r.stdout) for r in results] == [("completed", "neighbour\n")]
+    assert (after.status, after.stdout) == ("completed", "after\n")

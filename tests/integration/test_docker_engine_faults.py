@@ -77,20 +77,27 @@ def cli(*args: str, env: dict[str, str], timeout: float = 90) -> subprocess.Comp
 
 
 # -- item 9: an engine that never answers the removal -----------------------------------------
+@pytest.mark.parametrize("json_out", [False, True])
 def test_cli_reports_a_container_it_could_not_remove_within_its_budget(
-    tmp_path: Path, workspace: Path, engine: docker.DockerClient, leaked: list[str]
+    tmp_path: Path, workspace: Path, engine: docker.DockerClient, leaked: list[str], json_out: bool
 ) -> None:
+    mode = ["--json"] if json_out else []
     with EngineProxy(tmp_path / "proxy.sock", stall_deletes=-1) as proxy:
         env = {**os.environ, "DOCKER_HOST": proxy.url}
         start = time.monotonic()
-        proc = cli("run", "-b", "docker", "-w", str(workspace), "--", "echo", "hi", env=env)
+        proc = cli("run", "-b", "docker", *mode, "-w", str(workspace), "--", "echo", "hi", env=env)
         elapsed = time.monotonic() - start
         assert proxy.stalled, "the removal never reached the proxy"
     ids = containers_of(engine, workspace)
     leaked += ids
     assert len(ids) == 1
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "hi\n"
+    if json_out:  # one JSON object whose warnings name the container left behind
+        result = json.loads(proc.stdout)
+        assert result["stdout"] == "hi\n"
+        assert any(ids[0][:12] in w and "sandboxrun clean" in w for w in result["warnings"])
+    else:
+        assert proc.stdout == "hi\n"
     assert elapsed < docker_backend.CLOSE_BUDGET_S + 8, elapsed
     assert ids[0][:12] in proc.stderr
     assert "sandboxrun clean" in proc.stderr
@@ -156,7 +163,7 @@ async def test_output_coalesced_with_the_exec_start_response_is_kept(
 ) -> None:
     """Without a cgroup per exec (a host whose cgroup v2 directory is not writable: chosen here)
     the exec writes as soon as it starts, so its first frame can share a read with the head."""
-    monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid: None)
+    monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
     with EngineProxy(tmp_path / "proxy.sock", coalesce_exec_start=True) as proxy:
         monkeypatch.setenv("DOCKER_HOST", proxy.url)
         async with Sandbox(workspace, backend="docker") as sb:

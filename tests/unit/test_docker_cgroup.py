@@ -1,0 +1,64 @@
+"""The docker exec start stub on a real ``sh`` and the cgroup helpers' parsing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from sandboxrun import proctree
+from sandboxrun.backends.docker_cgroup import is_stub, populated, stub_argv
+
+
+def wait_state(pid: int, state: str, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        proc = proctree.read_proc(pid)
+        if proc is not None and proc.state == state:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_the_stub_stops_itself_then_becomes_the_command_verbatim() -> None:
+    argv = ["printf", "%s|", "a b", "$x", "", "*", "-n"]
+    proc = subprocess.Popen(stub_argv(argv), stdout=subprocess.PIPE)
+    try:
+        assert wait_state(proc.pid, "T"), "the stub did not stop itself"
+        assert is_stub(proc.pid)
+        time.sleep(0.1)
+        assert proctree.read_proc(proc.pid).state == "T"  # type: ignore[union-attr]
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out == b"a b|$x||*|-n|"
+    assert proc.returncode == 0
+
+
+def test_is_stub_is_false_once_the_command_runs_and_for_other_processes() -> None:
+    proc = subprocess.Popen(stub_argv(["sleep", "5"]))
+    try:
+        assert wait_state(proc.pid, "T")
+        os.kill(proc.pid, signal.SIGCONT)
+        end = time.monotonic() + 5
+        while is_stub(proc.pid) and time.monotonic() < end:
+            time.sleep(0.005)
+        assert not is_stub(proc.pid)
+        assert proctree.alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not is_stub(os.getpid())
+    assert not is_stub(2**22 + 12345)  # no such process
+
+
+def test_populated_reads_the_v2_flag(tmp_path: Path) -> None:
+    assert not populated(tmp_path / "gone")
+    (tmp_path / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    assert not populated(tmp_path)
+    (tmp_path / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    assert populated(tmp_path)
