@@ -276,13 +276,16 @@ class DockerRun:
         return Termination()
 
     def _wait_started(self) -> dict[str, Any]:
-        """Without a run cgroup: wait (bounded) until the engine says the exec runs or has
-        ended, so that an empty sweep means "nothing left", not "not there yet"."""
+        """Without a run cgroup: wait (bounded) until the engine says the exec's process
+        exists (``Pid``: the engine sets ``Running`` before it asks the runtime to start the
+        process, and the pid once it has) or has ended, so that an empty sweep means "nothing
+        left", not "not there yet"."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             info = self._inspect()
+            started = bool(info.get("Running") and info.get("Pid"))
             ended = not info.get("Running") and info.get("ExitCode") is not None
-            if info.get("Running") or ended or "Error" in info or time.monotonic() > deadline:
+            if started or ended or "Error" in info or time.monotonic() > deadline:
                 return info
             time.sleep(START_POLL_S * 20)
 

@@ -218,3 +218,23 @@ async def test_docker_recycle_waits_for_running_neighbours(workspace: Path) -> N
         assert backend.container_id != first
     assert [(r.status, r.stdout) for r in results] == [("completed", "neighbour\n")]
     assert (after.status, after.stdout) == ("completed", "after\n")
+
+
+@pytest.mark.parametrize("timeout", [0.001, 0.01, 0.05])
+async def test_docker_without_exec_cgroups_timeout_before_start_still_kills(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, timeout: float
+) -> None:
+    """Without exec cgroups termination waits until the engine has the exec's pid (it says
+    ``Running`` before the runtime has started the process)."""
+    from sandboxrun.backends import docker_cgroup
+
+    docker_or_skip()
+    monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
+    async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
+        for _ in range(3):
+            result = await sb.exec(shell="sleep 1; echo late >> late.txt", timeout=timeout)
+            assert result.status == "timed_out"
+            assert result.survivors == 0
+        await assert_container_clean(sb)
+    await anyio.sleep(1.5)
+    assert not (workspace / "late.txt").exists(), "the command ran on after its run was over"
