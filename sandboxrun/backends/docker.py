@@ -72,7 +72,7 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
     return Probe("docker", True, None, tuple(cfg.isolation(Policy(), Limits(), default_user)))
 
 
-def main_processes(init_pid: int, wait_s: float = 2.0) -> frozenset[int]:
+def main_processes(init_pid: int, wait_s: float = 10.0) -> frozenset[int]:
     """The container's own main process(es): the init's children once it has forked them (a
     main process recorded too early would later look like a leftover of some exec)."""
     deadline = time.monotonic() + wait_s

@@ -36,6 +36,9 @@ START_TIMEOUT_S = 10.0
 """How long an exec may take to appear in the container before the run is a sandbox error."""
 START_POLL_S = 0.001
 START_POLL_MAX_S = 0.02
+START_FAST_S = 0.5
+"""For this long the handshake polls every ``START_POLL_S`` (an engine starts an exec in tens
+of ms, and every ms of polling delay is a ms of every exec); then it backs off."""
 INSPECT_EVERY_S = 0.1
 
 
@@ -128,8 +131,9 @@ class DockerRun:
         """Move the exec's stub into the run's cgroup once it has stopped itself, then let it
         go on: every process of the run is born in the run's cgroup. Returns once the exec is
         known to have started, or to have ended without ever appearing (a start error)."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        next_inspect = 0.0
+        began = time.monotonic()
+        deadline = began + START_TIMEOUT_S
+        next_inspect = began + INSPECT_EVERY_S  # not at once: the engine is busy starting it
         pause = START_POLL_S
         while time.monotonic() < deadline:
             members = cgroup.adopt()
@@ -149,7 +153,8 @@ class DockerRun:
                     return  # ended without appearing: the engine could not start it
                 next_inspect = now + INSPECT_EVERY_S
             time.sleep(pause)  # a stub still starting (slow under a CPU limit) is waited for
-            pause = min(pause * 1.5, START_POLL_MAX_S)
+            if now - began > START_FAST_S:
+                pause = min(pause * 1.5, START_POLL_MAX_S)
         self.backend.recycle_needed = True  # whatever starts later dies with the container
         raise BackendError(f"docker: the exec did not start within {START_TIMEOUT_S:.0f} s")
 
