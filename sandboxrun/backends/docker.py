@@ -76,11 +76,12 @@ def main_processes(init_pid: int, wait_s: float = 10.0) -> frozenset[int]:
     """The container's own main process(es): the init's children once it has forked them (a
     main process recorded too early would later look like a leftover of some exec)."""
     deadline = time.monotonic() + wait_s
-    while True:
+    while proctree.alive(init_pid):
         found = frozenset(p.pid for p in proctree.process_table().values() if p.ppid == init_pid)
         if found or time.monotonic() > deadline:
             return found
         time.sleep(0.005)
+    return frozenset()  # the init is gone: the container is dying (seen by the first exec)
 
 
 def engine_socket() -> str | None:
@@ -186,8 +187,9 @@ class DockerBackend:
             self._left_behind(cid, "the engine did not answer")
 
     def _close_sync(self) -> None:
-        client, cid = self.client, self.container_id
-        self.container_id = None
+        # Taken at once: an abandoned close thread must never clear a later (reopened) client.
+        client, self.client = self.client, None
+        cid, self.container_id = self.container_id, None
         if client is not None and cid is not None:
             error = dockerapi.remove_container(
                 client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
@@ -196,7 +198,6 @@ class DockerBackend:
                 self._left_behind(cid, error)
         if client is not None:
             client.close()
-            self.client = None
 
     def _left_behind(self, cid: str, why: str) -> None:
         message = (
@@ -250,10 +251,11 @@ class DockerBackend:
     async def exec(
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:
-        if self.recycle_needed:  # a previous exec left something unkillable: start afresh
+        if self.recycle_needed or self._recycle_lock.locked():  # start afresh (or wait for it)
             await self._recycle()
         if self.client is None or self.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
+        self.active.add(request.run_id)  # visible to a recycle from now on (no await before)
         started = time.monotonic()
         out, err = captures(request)
         run = DockerRun(self, request, out, err)
@@ -282,6 +284,7 @@ class DockerBackend:
                 return  # another exec recycled it while this one waited
             while self.active:  # noqa: ASYNC110 - runs leave `active` in worker threads
                 await anyio.sleep(0.05)
-            await self.close()
-            self.recycle_needed = False
-            await self.open()
+            with anyio.CancelScope(shield=True):  # never half done: no container, or a leak
+                await self.close()
+                await self.open()
+            self.recycle_needed = False  # only now: a failed open is retried by the next exec

@@ -61,6 +61,7 @@ class DockerRun:
         self.decoder = FrameDecoder(lambda name, data: self.captures[name].feed(data))
         self.exec_id = ""
         self.exec_pid = 0
+        self.exec_start: int | None = None  # the exec pid's start time (a reused pid is not it)
         self.oom_before: int | None = None
         self.sock: socket.socket | None = None
         self.keep: Any = None  # docker-py's socket wrapper, kept alive with the socket
@@ -260,6 +261,8 @@ class DockerRun:
             info = await anyio.to_thread.run_sync(self._wait_started)
             if self.backend.local:  # the exec pid: found without its environ
                 self.exec_pid = int(info.get("Pid") or 0) if info.get("Running") else 0
+                known = proctree.read_proc(self.exec_pid) if self.exec_pid else None
+                self.exec_start = known.start if known is not None else None
         alive = await self._settled("TERM")
         self.had_leftovers = alive > 0 and self.exit_info is not None  # after a normal exit
         deadline = time.monotonic() + grace_s
@@ -294,6 +297,13 @@ class DockerRun:
                 return info
             time.sleep(START_POLL_S * 20)
 
+    def _own_root(self) -> tuple[int, ...]:
+        """The exec's own main process, while its pid still names it (start time unchanged)."""
+        if not self.exec_pid or self.exec_start is None:
+            return ()
+        current = proctree.read_proc(self.exec_pid)
+        return (self.exec_pid,) if current is not None and current.start == self.exec_start else ()
+
     async def _settled(self, sig: str) -> int:
         alive = await self._sweep(sig)
         if not alive and self.cgroup is None:  # only a run's own cgroup is exact
@@ -321,14 +331,14 @@ class DockerRun:
                     self.request.run_id,
                     base=backend.keep | {backend.init_pid},
                     others=frozenset(backend.active - {self.request.run_id}),
-                    roots=(self.exec_pid,) if self.exec_pid else (),
+                    roots=self._own_root(),
                 )
             else:
                 procs = proctree.members(
                     self.request.run_id,
                     init_pid=backend.init_pid,
                     keep=backend.keep,
-                    roots=(self.exec_pid,) if self.exec_pid else (),
+                    roots=self._own_root(),
                 )
             if sig == "TERM":
                 fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
@@ -407,6 +417,8 @@ class DockerRun:
         """Release the run (blocking: call it in a worker thread). A run that never reached
         termination (a start error) leaves nothing: its stub, adopted or not, is killed."""
         cgroup, self.cgroup = self.cgroup, None
+        if cgroup is not None:
+            cgroup.adopt()  # a stub never adopted (left in the container's own cgroup) too
         if cgroup is not None and not cgroup.remove() and cgroup.path.exists():
             deadline = time.monotonic() + KILL_BUDGET_S
             while time.monotonic() < deadline:

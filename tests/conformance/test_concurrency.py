@@ -209,15 +209,41 @@ async def test_docker_recycle_waits_for_running_neighbours(workspace: Path) -> N
             async def neighbour() -> None:
                 results.append(await sb.exec(shell="sleep 1; echo neighbour", timeout=10))
 
+            async def later() -> None:
+                results.append(await sb.exec(["echo", "after"], timeout=10))
+
             tg.start_soon(neighbour)
             await anyio.sleep(0.3)
             backend.recycle_needed = True
             for _ in range(3):
-                tg.start_soon(lambda: sb.exec(["echo", "after"], timeout=10))
-            after = await sb.exec(["echo", "after"], timeout=10)
+                tg.start_soon(later)
+            # one more exec arriving while the recycle is replacing the container
+            while not (backend._recycle_lock.locked() and not backend.active):
+                await anyio.sleep(0.001)
+            tg.start_soon(later)
         assert backend.container_id != first
-    assert [(r.status, r.stdout) for r in results] == [("completed", "neighbour\n")]
-    assert (after.status, after.stdout) == ("completed", "after\n")
+        again = await sb.exec(["echo", "after"], timeout=10)
+    outcomes = sorted((r.status, r.stdout) for r in [*results, again])
+    assert outcomes == [("completed", "after\n")] * 5 + [("completed", "neighbour\n")]
+
+
+async def test_concurrent_closes_wait_for_the_first(workspace: Path, backend: str) -> None:
+    sb = Sandbox(workspace, backend=backend, limits=FAST)
+    await sb.__aenter__()
+    done: list[str] = []
+
+    async def close(name: str) -> None:
+        await sb.aclose()
+        done.append(name)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close, "first")
+        await anyio.sleep(0)
+        tg.start_soon(close, "second")
+    assert done == ["first", "second"]
+    assert sb.close_errors == []
+    with pytest.raises(RuntimeError, match="not open"):
+        await sb.exec(["true"])
 
 
 @pytest.mark.parametrize("timeout", [0.001, 0.01, 0.05])

@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from sandboxrun import proctree
 from sandboxrun.backends.docker_cgroup import is_stub, populated, stub_argv
 
@@ -62,3 +64,43 @@ def test_populated_reads_the_v2_flag(tmp_path: Path) -> None:
     assert not populated(tmp_path)
     (tmp_path / "cgroup.events").write_text("populated 1\nfrozen 0\n")
     assert populated(tmp_path)
+
+
+class SlowStub:
+    """A run cgroup whose one member (a stub) takes ``delay`` seconds to stop itself."""
+
+    def __init__(self, delay: float) -> None:
+        self.ready = time.monotonic() + delay
+
+    def adopt(self) -> list[proctree.Proc]:
+        state = "T" if time.monotonic() >= self.ready else "S"
+        return [proctree.Proc(pid=4242, ppid=1, state=state, start=1)]
+
+
+def test_a_stub_slow_to_stop_is_waited_for_and_continued(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a tiny CPU share the stub may take seconds to reach ``kill -STOP``: giving up on it
+    would leave it stopped forever (a ``true`` would then time out)."""
+    from sandboxrun.backends import docker_run
+
+    continued: list[tuple[list[int], int]] = []
+    monkeypatch.setattr(docker_run, "is_stub", lambda pid: True)
+    monkeypatch.setattr(
+        proctree, "signal_all", lambda procs, sig: continued.append(([p.pid for p in procs], sig))
+    )
+    run = object.__new__(docker_run.DockerRun)
+    start = time.monotonic()
+    run._adopt(SlowStub(1.5))  # type: ignore[arg-type]
+    assert time.monotonic() - start >= 1.5
+    assert continued == [([4242], signal.SIGCONT)]
+
+
+def test_a_stub_continued_by_someone_else_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sandboxrun.backends import docker_run
+
+    monkeypatch.setattr(docker_run, "is_stub", lambda pid: False)  # it already runs the command
+    run = object.__new__(docker_run.DockerRun)
+    start = time.monotonic()
+    run._adopt(SlowStub(60))  # type: ignore[arg-type]
+    assert time.monotonic() - start < 1
