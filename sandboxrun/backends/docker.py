@@ -255,10 +255,10 @@ class DockerBackend:
             await self._recycle()
         if self.client is None or self.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
-        self.active.add(request.run_id)  # visible to a recycle from now on (no await before)
         started = time.monotonic()
         out, err = captures(request)
         run = DockerRun(self, request, out, err)
+        self.active.add(request.run_id)  # visible to a recycle from now on (no await before)
         try:
             with anyio.CancelScope(shield=True):
                 try:
