@@ -416,20 +416,22 @@ class DockerRun:
     def close(self) -> None:
         """Release the run (blocking: call it in a worker thread). A run that never reached
         termination (a start error) leaves nothing: its stub, adopted or not, is killed."""
-        cgroup, self.cgroup = self.cgroup, None
-        if cgroup is not None:
-            cgroup.adopt()  # a stub never adopted (left in the container's own cgroup) too
-        if cgroup is not None and not cgroup.remove() and cgroup.path.exists():
-            deadline = time.monotonic() + KILL_BUDGET_S
-            while time.monotonic() < deadline:
-                cgroup.adopt()  # a stub still in the container's own cgroup too
-                cgroup.kill()
-                if not cgroup.populated():
-                    break
-                time.sleep(SWEEP_TICK_S)
-            if not cgroup.remove() and cgroup.populated():
-                self.backend.recycle_needed = True  # unkillable: the next exec starts afresh
-        self.backend.active.discard(self.request.run_id)
+        try:
+            cgroup, self.cgroup = self.cgroup, None
+            if cgroup is not None:
+                cgroup.adopt()  # a stub never adopted (left in the container's own cgroup) too
+            if cgroup is not None and not cgroup.remove() and cgroup.path.exists():
+                deadline = time.monotonic() + KILL_BUDGET_S
+                while time.monotonic() < deadline:
+                    cgroup.adopt()  # a stub still in the container's own cgroup too
+                    cgroup.kill()
+                    if not cgroup.populated():
+                        break
+                    time.sleep(SWEEP_TICK_S)
+                if not cgroup.remove() and cgroup.populated():
+                    self.backend.recycle_needed = True  # unkillable: the next exec starts afresh
+        finally:
+            self.backend.active.discard(self.request.run_id)
         if self.sock is not None:
             with suppress(OSError):
                 self.sock.close()
