@@ -6,8 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from sandboxrun import backends
+from helpers import require_backend
 
 
 @pytest.fixture
@@ -33,14 +32,7 @@ def anyio_backend() -> str:
 @pytest.fixture(params=["process-group", "docker", "systemd-scope"])
 def backend(request: pytest.FixtureRequest) -> str:
     """Conformance tests run on every backend; one whose probe fails is skipped with why."""
-    name = backends.check_name(str(request.param))
-    probe = backends.probe(name)
-    if not probe.available:
-        required = os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(",")
-        if name in required:
-            pytest.fail(f"{name} is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
-        pytest.skip(f"{name} unavailable here: {probe.reason}")
-    return name
+    return require_backend(str(request.param))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -45,3 +45,20 @@ def processes_with_arg(token: str) -> list[psutil.Process]:
             if proc.status() != psutil.STATUS_ZOMBIE and token in proc.cmdline():
                 found.append(proc)
     return found
+
+
+def require_backend(name: str) -> str:
+    """Skip (with the probe's reason) when backend ``name`` cannot run here, or fail when it is
+    required (``SANDBOXRUN_REQUIRE_BACKENDS``, as CI sets it): a required backend never skips."""
+    import os
+
+    import pytest
+
+    from sandboxrun import backends
+
+    probe = backends.probe(backends.check_name(name))
+    if not probe.available:
+        if name in os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(","):
+            pytest.fail(f"{name} is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
+        pytest.skip(f"{name} unavailable here: {probe.reason}")
+    return name

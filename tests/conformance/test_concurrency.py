@@ -14,8 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 from conformance_helpers import assert_container_clean
+from helpers import require_backend
 
-from sandboxrun import Limits, Sandbox, backends
+from sandboxrun import Limits, Sandbox
 from sandboxrun.models import ExecResult
 
 pytestmark = pytest.mark.anyio
@@ -40,8 +41,7 @@ async def test_docker_without_exec_cgroups_kills_nothing_else(
     apart by their markers: an exec still being started belongs to nobody yet."""
     from sandboxrun.backends import docker_cgroup
 
-    if not backends.probe("docker").available:
-        pytest.skip("docker unavailable here")
+    require_backend("docker")
     monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
     await hammer(workspace, "docker", 3)
 
@@ -149,8 +149,7 @@ async def test_closing_the_sandbox_during_an_exec_cancels_it_cleanly(
 
 
 def docker_or_skip() -> None:
-    if not backends.probe("docker").available:
-        pytest.skip("docker unavailable here")
+    require_backend("docker")
 
 
 async def test_docker_exec_slow_to_start_under_a_cpu_limit_still_runs(workspace: Path) -> None:

@@ -31,8 +31,9 @@ import docker
 import docker.errors
 import pytest
 from conformance_helpers import assert_container_clean
+from helpers import require_backend
 
-from sandboxrun import ConfigError, Limits, Policy, Sandbox, WorkspaceError, backends
+from sandboxrun import ConfigError, Limits, Policy, Sandbox, WorkspaceError
 from sandboxrun.backends.docker import DockerBackend
 from sandboxrun.models import ExecResult
 
@@ -58,12 +59,7 @@ PROFILE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 @pytest.fixture(scope="module", autouse=True)
 def docker_backend() -> None:
     """Like the root ``backend`` fixture: skip with the probe's reason, or fail if required."""
-    probe = backends.probe("docker")
-    if not probe.available:
-        required = os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(",")
-        if "docker" in required:
-            pytest.fail(f"docker is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
-        pytest.skip(f"docker unavailable here: {probe.reason}")
+    require_backend("docker")
 
 
 @pytest.fixture(scope="module")

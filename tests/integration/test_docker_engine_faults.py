@@ -20,8 +20,9 @@ from pathlib import Path
 import docker
 import pytest
 from engine_proxy import EngineProxy, real_engine_socket
+from helpers import require_backend
 
-from sandboxrun import Limits, PolicyRefusedError, Sandbox, backends
+from sandboxrun import Limits, PolicyRefusedError, Sandbox
 from sandboxrun.backends import docker as docker_backend
 from sandboxrun.backends import docker_cgroup
 from sandboxrun.backends.docker import DockerBackend
@@ -35,11 +36,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module", autouse=True)
 def docker_available() -> None:
-    probe = backends.probe("docker")
-    if not probe.available:
-        if "docker" in os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(","):
-            pytest.fail(f"docker is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
-        pytest.skip(f"docker unavailable here: {probe.reason}")
+    require_backend("docker")
     try:
         real_engine_socket()
     except RuntimeError as exc:

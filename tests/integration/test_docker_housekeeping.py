@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,9 +11,8 @@ from pathlib import Path
 
 import docker
 import pytest
-from helpers import wait_until
+from helpers import require_backend, wait_until
 
-from sandboxrun import backends
 from sandboxrun.images import BASE_IMAGE
 
 CLI = [sys.executable, "-m", "sandboxrun"]
@@ -22,11 +20,7 @@ CLI = [sys.executable, "-m", "sandboxrun"]
 
 @pytest.fixture
 def client() -> Iterator[docker.DockerClient]:
-    probe = backends.probe("docker")
-    if not probe.available:
-        if "docker" in os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(","):
-            pytest.fail(f"docker is required but: {probe.reason}")
-        pytest.skip(f"docker unavailable here: {probe.reason}")
+    require_backend("docker")
     c = docker.from_env()
     yield c
     c.close()

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import docker
 import pytest
+from helpers import require_backend
 
-from sandboxrun import Policy, Sandbox, backends
+from sandboxrun import Policy, Sandbox
 from sandboxrun.backends.docker import DockerBackend
 
 pytestmark = pytest.mark.anyio
@@ -23,11 +24,7 @@ NAMES = ["a:b", "a,b", "x:/y:ro", "k=v,readonly,type=volume", "a:b,c:d"]
 
 @pytest.fixture
 def docker_ok() -> None:
-    probe = backends.probe("docker")
-    if not probe.available:
-        if "docker" in os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(","):
-            pytest.fail(f"docker is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
-        pytest.skip(f"docker unavailable here: {probe.reason}")
+    require_backend("docker")
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -8,14 +8,14 @@ also assigned by the login profile (``bash -l``): an explicit one is re-applied 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import require_backend
 
-from sandboxrun import Sandbox, backends
+from sandboxrun import Sandbox
 
 pytestmark = pytest.mark.anyio
 
@@ -31,12 +31,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(params=["process-group", "docker"])
 def name(request: pytest.FixtureRequest) -> str:
-    probe = backends.probe(request.param)
-    if not probe.available:
-        if request.param in os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(","):
-            pytest.fail(f"{request.param} is required but: {probe.reason}")
-        pytest.skip(f"{request.param} unavailable here: {probe.reason}")
-    return str(request.param)
+    return require_backend(str(request.param))
 
 
 def tools(workspace: Path) -> Path:

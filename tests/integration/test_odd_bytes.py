@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import require_backend
 
-from sandboxrun import ConfigError, EnvError, Sandbox, WorkspaceError, backends
+from sandboxrun import ConfigError, EnvError, Sandbox, WorkspaceError
 
 CLI = [sys.executable, "-m", "sandboxrun"]
 FF = b"\xff"
@@ -43,11 +44,7 @@ def one_json(proc: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
 
 @pytest.fixture
 def docker_ok() -> None:
-    probe = backends.probe("docker")
-    if not probe.available:
-        if "docker" in os.environ.get("SANDBOXRUN_REQUIRE_BACKENDS", "").split(","):
-            pytest.fail(f"docker is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
-        pytest.skip(f"docker unavailable here: {probe.reason}")
+    require_backend("docker")
 
 
 def odd_dir(parent: Path) -> Path:
