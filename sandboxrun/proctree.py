@@ -118,17 +118,32 @@ def signal_all(procs: list[Proc], sig: int) -> None:
             pass
 
 
+def cgroup_lines(pid: int) -> list[tuple[str, str]]:
+    """``(controllers, path)`` of each line of ``/proc/PID/cgroup`` (controllers ``""``: the
+    v2 / unified hierarchy; v1 ones comma-joined, as mounted), or ``[]`` when unreadable."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:  # noqa: PTH123
+            text = f.read()
+    except OSError:
+        return []
+    return parse_cgroup_lines(text)
+
+
+def parse_cgroup_lines(text: str) -> list[tuple[str, str]]:
+    """``cgroup_lines`` of a ``/proc/PID/cgroup`` text. Pure."""
+    lines = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            lines.append((parts[1], parts[2]))
+    return lines
+
+
 def cgroup_procs_file(pid: int) -> str | None:
     """The ``cgroup.procs`` file of ``pid``'s cgroup (v2, or v1's pids/memory hierarchy) as
     seen from here, or None. Every process of a container, exec'd ones too, is listed in it."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:  # noqa: PTH123
-            lines = f.read().splitlines()
-    except OSError:
-        return None
     paths: dict[str, str] = {}
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    for controllers, path in cgroup_lines(pid):
         for name in controllers.split(",") if controllers else [""]:
             paths[name] = path
     candidates = []
@@ -201,14 +216,8 @@ def cgroup_members(
 def oom_kills(pid: int) -> int | None:
     """The OOM-kill counter of ``pid``'s memory cgroup (v1 ``memory.oom_control`` or v2
     ``memory.events``), or None where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:  # noqa: PTH123
-            lines = f.read().splitlines()
-    except OSError:
-        return None
     files = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    for controllers, path in cgroup_lines(pid):
         if "memory" in controllers.split(","):
             files.append(f"/sys/fs/cgroup/memory{path}/memory.oom_control")
         elif controllers == "":

@@ -81,7 +81,7 @@ class Sandbox:
         one sentence each; also logged as warnings on the ``sandboxrun`` logger."""
         self._inflight: dict[anyio.CancelScope, anyio.Event] = {}
         self._closed: anyio.Event | None = None
-        """Set while ``aclose`` runs; set (fired) when it is done."""
+        """Not None while ``aclose`` runs; a later ``aclose`` waits for it to be set."""
         if backend != "auto":
             backends.check_name(backend)
 

@@ -157,10 +157,7 @@ class DockerBackend:
             self.keep = main_processes(pid)
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
             self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
-            try:
-                self.limits_shown = cfg.cgroup_limits(Path(f"/proc/{pid}/cgroup").read_text())
-            except OSError:
-                self.limits_shown = None
+            self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
 
     def dying(self) -> bool:
         """Whether the container's own processes (init, main) are gone: read from /proc, so it

@@ -197,17 +197,13 @@ def isolation(
     return enforced
 
 
-def cgroup_limits(proc_cgroup: str, mount: str = "/sys/fs/cgroup") -> set[str] | None:
-    """The limits (``LIMIT_NAMES``) a process's cgroup really sets, from its ``/proc/PID/cgroup``
-    text: v1 ``cpu.cfs_quota_us``, ``memory.limit_in_bytes``, ``pids.max``; v2 ``cpu.max``,
-    ``memory.max``, ``pids.max``. None when none of those files can be read."""
+def cgroup_limits(lines: list[tuple[str, str]], mount: str = "/sys/fs/cgroup") -> set[str] | None:
+    """The limits (``LIMIT_NAMES``) a process's cgroup really sets, from its
+    ``proctree.cgroup_lines``: v1 ``cpu.cfs_quota_us``, ``memory.limit_in_bytes``, ``pids.max``;
+    v2 ``cpu.max``, ``memory.max``, ``pids.max``. None when none of those files can be read."""
     v1: dict[str, list[str]] = {}
     unified: str | None = None
-    for line in proc_cgroup.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
+    for controllers, path in lines:
         if controllers == "":
             unified = path
         for name in controllers.split(","):
@@ -268,7 +264,7 @@ def exec_env(
     return env
 
 
-def shown(text: str, limit: int = 80) -> str:
+def printable(text: str, limit: int = 80) -> str:
     """``text`` for a message: bytes that are not UTF-8 as ``\\xNN``, long text cut."""
     out = os.fsencode(text).decode("utf-8", "backslashreplace")
     return out if len(out) <= limit else out[:limit] + "..."
@@ -285,7 +281,7 @@ def is_utf8(text: str) -> bool:
 def check_workspace_utf8(root: Path) -> None:
     """Refuse a workspace path the Engine API cannot carry (raises ``WorkspaceError``)."""
     if not is_utf8(str(root)):
-        raise WorkspaceError(f"workspace '{shown(str(root), 400)}' {NOT_UTF8}")
+        raise WorkspaceError(f"workspace '{printable(str(root), 400)}' {NOT_UTF8}")
 
 
 def check_utf8(
@@ -296,16 +292,16 @@ def check_utf8(
     the working directory."""
     for index, arg in enumerate(argv or ()):
         if not is_utf8(arg):
-            raise ConfigError(f"argv[{index}] '{shown(arg)}' {NOT_UTF8}")
+            raise ConfigError(f"argv[{index}] '{printable(arg)}' {NOT_UTF8}")
     if script is not None and not is_utf8(script):
         raise ConfigError(f"the shell script {NOT_UTF8}")
     for name, value in env.items():
         if not is_utf8(name):
-            raise EnvError(f"environment variable name '{shown(name)}' {NOT_UTF8}")
+            raise EnvError(f"environment variable name '{printable(name)}' {NOT_UTF8}")
         if not is_utf8(value):
             raise EnvError(f"the value of environment variable {name!r} {NOT_UTF8}")
     if not is_utf8(workdir):
-        raise WorkspaceError(f"workdir '{shown(workdir, 400)}' {NOT_UTF8}")
+        raise WorkspaceError(f"workdir '{printable(workdir, 400)}' {NOT_UTF8}")
 
 
 def docker_exec_argv(

@@ -170,15 +170,10 @@ class DockerRun:
     async def _read(self) -> None:
         sock = self.sock
         assert sock is not None
-        if self.initial:  # read past the exec-start response head: the stream's first bytes
-            data, self.initial = self.initial, b""
-            try:
-                self.decoder.feed(data)
-            except FrameError as exc:
-                self.stream_error = str(exc)
-                self.eof = True
-                self.eof_event.set()
-                return
+        # The bytes read with the exec-start response head come first (the stream's first bytes).
+        if self.initial and not await self._feed(self.initial):
+            return
+        self.initial = b""
         reads = 0
         while True:
             try:
@@ -195,18 +190,25 @@ class DockerRun:
                 if self.decoder.mid_frame:
                     self.stream_error = "the exec stream ended inside a frame"
                 return
-            try:
-                self.decoder.feed(data)
-                await self.captures["stdout"].wait_sink()  # backpressure from a slow reader
-                await self.captures["stderr"].wait_sink()
-            except FrameError as exc:
-                self.stream_error = str(exc)
-                self.eof = True
-                self.eof_event.set()
+            if not await self._feed(data):
                 return
             reads += 1
             if reads % YIELD_EVERY == 0:
                 await anyio.lowlevel.checkpoint()
+
+    async def _feed(self, data: bytes) -> bool:
+        """Demultiplex ``data`` into the captures, then wait while a slow live reader is behind
+        (backpressure); False when the stream is not a valid multiplexed stream (it ends)."""
+        try:
+            self.decoder.feed(data)
+        except FrameError as exc:
+            self.stream_error = str(exc)
+            self.eof = True
+            self.eof_event.set()
+            return False
+        for capture in self.captures.values():
+            await capture.wait_sink()
+        return True
 
     async def _write_stdin(self) -> None:
         sock, data = self.sock, self.stdin_left
@@ -316,10 +318,7 @@ class DockerRun:
         backend, cgroup = self.backend, self.cgroup
         if cgroup is not None:
             if sig == "TERM":
-                procs = cgroup.members()
-                fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
-                self.termed.update((p.pid, p.start) for p in fresh)
-                proctree.signal_all(fresh, signal.SIGTERM)
+                self._term_once(cgroup.members())
             else:
                 cgroup.kill()
             alive = len(cgroup.members())
@@ -341,13 +340,17 @@ class DockerRun:
                     roots=self._own_root(),
                 )
             if sig == "TERM":
-                fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
-                self.termed.update((p.pid, p.start) for p in fresh)
-                proctree.signal_all(fresh, signal.SIGTERM)
+                self._term_once(procs)
             else:
                 proctree.signal_all(procs, signal.SIGKILL)
             return len(procs)
         return await anyio.to_thread.run_sync(self._sweep_in_container, sig)
+
+    def _term_once(self, procs: list[proctree.Proc]) -> None:
+        """TERM (+CONT) each process not TERMed before: a process gets one TERM, newcomers too."""
+        fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
+        self.termed.update((p.pid, p.start) for p in fresh)
+        proctree.signal_all(fresh, signal.SIGTERM)
 
     def _sweep_in_container(self, sig: str) -> int:
         api, cid = self.api, self.backend.container_id
@@ -418,12 +421,11 @@ class DockerRun:
         termination (a start error) leaves nothing: its stub, adopted or not, is killed."""
         try:
             cgroup, self.cgroup = self.cgroup, None
-            if cgroup is not None:
-                cgroup.adopt()  # a stub never adopted (left in the container's own cgroup) too
-            if cgroup is not None and not cgroup.remove() and cgroup.path.exists():
+            # Still there: termination never ran (a start error). Termination removes it.
+            if cgroup is not None and cgroup.path.exists():
                 deadline = time.monotonic() + KILL_BUDGET_S
                 while time.monotonic() < deadline:
-                    cgroup.adopt()  # a stub still in the container's own cgroup too
+                    cgroup.adopt()  # a stub never adopted (in the container's own cgroup) too
                     cgroup.kill()
                     if not cgroup.populated():
                         break

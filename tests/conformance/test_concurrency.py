@@ -263,3 +263,35 @@ async def test_docker_without_exec_cgroups_timeout_before_start_still_kills(
         await assert_container_clean(sb)
     await anyio.sleep(1.5)
     assert not (workspace / "late.txt").exists(), "the command ran on after its run was over"
+
+
+ESCAPE = """
+for f in $(find /sys/fs/cgroup -name cgroup.procs 2>/dev/null); do
+  if echo $$ > "$f" 2>/dev/null; then echo "moved to $f"; fi
+done
+trap '' TERM; echo up; sleep 30
+"""
+
+
+async def test_docker_exec_cannot_leave_its_cgroup_and_none_is_left(workspace: Path) -> None:
+    """A command (uid 0 when the invoker is root) tries to move itself into every cgroup it can
+    see, then ignores TERM: it cannot move (cgroupfs is read-only in the container), its run
+    still ends on time with nothing left, and no run cgroup is left on the host."""
+    from sandboxrun.backends.docker import DockerBackend
+
+    require_backend("docker")
+    async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
+        backend = sb.backend
+        assert isinstance(backend, DockerBackend)
+        start = time.monotonic()
+        result = await sb.exec(shell=ESCAPE, timeout=2)
+        elapsed = time.monotonic() - start
+        await assert_container_clean(sb)
+        base = backend.run_cgroup_base
+        left = [] if base is None else [p.name for p in base.glob("sandboxrun-*")]
+    assert "moved" not in result.stdout, result.stdout
+    assert result.stdout.endswith("up\n")
+    assert result.status == "timed_out"
+    assert result.survivors == 0
+    assert elapsed < 2 + FAST.grace_s + 3
+    assert left == [], f"run cgroups left behind: {left}"

@@ -14,8 +14,14 @@ import pytest
 from sandboxrun.backends import docker_config as cfg
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import Limits, Policy
+from sandboxrun.proctree import parse_cgroup_lines
 
 MiB = 1 << 20
+
+
+def limits_of(proc_cgroup: str, mount: Path) -> set[str] | None:
+    """The limits a container's cgroup shows, from its ``/proc/PID/cgroup`` text."""
+    return cfg.cgroup_limits(parse_cgroup_lines(proc_cgroup), str(mount))
 
 
 @pytest.fixture
@@ -137,16 +143,16 @@ def test_cgroup_v1_limits(tmp_path: Path) -> None:
     write(tmp_path / "cpu/docker/abc/cpu.cfs_quota_us", "-1\n")
     write(tmp_path / "memory/docker/abc/memory.limit_in_bytes", "2147483648\n")
     write(tmp_path / "pids/docker/abc/pids.max", "512\n")
-    assert cfg.cgroup_limits(HYBRID, str(tmp_path)) == {"memory-limit", "pids-limit"}
+    assert limits_of(HYBRID, tmp_path) == {"memory-limit", "pids-limit"}
     write(tmp_path / "cpu/docker/abc/cpu.cfs_quota_us", "50000\n")
     write(tmp_path / "memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n")
     write(tmp_path / "pids/docker/abc/pids.max", "max\n")
-    assert cfg.cgroup_limits(HYBRID, str(tmp_path)) == {"cpu-limit"}
+    assert limits_of(HYBRID, tmp_path) == {"cpu-limit"}
 
 
 def test_cgroup_v1_comounted_cpu_cpuacct(tmp_path: Path) -> None:
     write(tmp_path / "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "1000\n")
-    shown = cfg.cgroup_limits("3:cpu,cpuacct:/docker/abc\n", str(tmp_path))
+    shown = limits_of("3:cpu,cpuacct:/docker/abc\n", tmp_path)
     assert shown == {"cpu-limit"}
 
 
@@ -155,14 +161,14 @@ def test_cgroup_v2_limits(tmp_path: Path) -> None:
     write(tmp_path / "system.slice/docker-abc.scope/memory.max", "67108864\n")
     write(tmp_path / "system.slice/docker-abc.scope/pids.max", "64\n")
     text = "0::/system.slice/docker-abc.scope\n"
-    assert cfg.cgroup_limits(text, str(tmp_path)) == {"memory-limit", "pids-limit"}
+    assert limits_of(text, tmp_path) == {"memory-limit", "pids-limit"}
     write(tmp_path / "system.slice/docker-abc.scope/cpu.max", "1000 100000\n")
     write(tmp_path / "system.slice/docker-abc.scope/memory.max", "max\n")
-    assert cfg.cgroup_limits(text, str(tmp_path)) == {"cpu-limit", "pids-limit"}
+    assert limits_of(text, tmp_path) == {"cpu-limit", "pids-limit"}
 
 
 def test_unreadable_cgroup_is_none(tmp_path: Path) -> None:
-    assert cfg.cgroup_limits(HYBRID, str(tmp_path)) is None
+    assert limits_of(HYBRID, tmp_path) is None
 
 
 def test_isolation_drops_limits_the_cgroup_does_not_show() -> None:
