@@ -4,6 +4,13 @@
 Python loops, and it never raises because of the spill file (errors land in ``spill_error``).
 A live sink that implements ``LiveSink`` gets backpressure: the read loops call ``wait_sink``
 after each feed, and stop reading (so the command blocks on its own write) while it is congested.
+
+With a ``Redactor`` (``redact.redactor_for``) secret values are masked where the bytes come in,
+so the head/tail buffer, the spill file and the live sink all see the same masked stream, and
+the byte accounting (``total_bytes``, ``dropped_bytes``, the spill's size) counts the stream as
+delivered: masked, markers included. The few bytes the redactor holds back (the start of what
+may be a value) are let out when the stream ends (``finish``): ``report``, ``keep_if_lossy``
+and ``close`` call it, so a timed-out or cancelled run keeps its last bytes too.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import anyio
 
 from sandboxrun.errors import ConfigError
 from sandboxrun.output import HeadTailBuffer
+from sandboxrun.redact import Redactor
 from sandboxrun.spill import SpillDir, SpillFile
 
 StreamName = Literal["stdout", "stderr"]
@@ -61,7 +69,8 @@ class StreamCapture:
     The spill file is opened the first time the stream outgrows ``max_output`` (when
     ``spill_max > 0`` and ``spill_dir`` is given) and is seeded with everything seen so far, so
     it always holds a prefix of the stream. ``sink``, if given, sees every non-empty chunk
-    before it is buffered; its exceptions propagate.
+    before it is buffered; its exceptions propagate. ``redactor``, if given, masks the stream
+    before any of them sees it.
     """
 
     def __init__(
@@ -71,6 +80,7 @@ class StreamCapture:
         spill_max: int,
         spill_dir: SpillDir | None,
         sink: Sink | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.name: StreamName = name
         self.spill_max = spill_max
@@ -85,6 +95,7 @@ class StreamCapture:
         self._spilling = False  # a spill file is open and not yet full
         self._overflowed = False
         self._closed = False
+        self._redactor = redactor
 
     @property
     def total_bytes(self) -> int:
@@ -92,6 +103,17 @@ class StreamCapture:
 
     def feed(self, chunk: bytes) -> None:
         """Record ``chunk``; empty chunks are ignored (and not passed to the sink)."""
+        if self._redactor is not None:
+            chunk = self._redactor.feed(chunk)
+        self._record(chunk)
+
+    def finish(self) -> None:
+        """The stream ended: let out what the redactor holds back (idempotent; a later ``feed``
+        is still masked)."""
+        if self._redactor is not None and self._redactor.held:
+            self._record(self._redactor.flush())
+
+    def _record(self, chunk: bytes) -> None:
         if not chunk:
             return
         if self._sink is not None:
@@ -123,6 +145,7 @@ class StreamCapture:
     def keep_if_lossy(self) -> None:
         """If the live sink did not (or may not) deliver all of the stream and the stream is
         only in memory, write it to a spill file so it can be found in full."""
+        self.finish()
         flow = self._flow
         if flow is None or self._spill is not None or self._buffer.truncated:
             return
@@ -174,12 +197,14 @@ class StreamCapture:
 
     def close(self) -> None:
         """Close the spill file (idempotent). Later chunks are still kept in memory."""
+        self.finish()
         self._closed = True
         self._spilling = False
         self._close_spill()
 
     def report(self) -> StreamReport:
         """The rendered text, byte accounting and where the full stream can be found."""
+        self.finish()
         rendered = self._buffer.render()
         spill = self._spill
         complete = not rendered.truncated or (

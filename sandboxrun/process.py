@@ -280,12 +280,16 @@ def finish_result(
 
 
 def captures(request: ExecRequest) -> tuple[StreamCapture, StreamCapture]:
-    """The stdout and stderr captures of one run (spilling under the run's own directory)."""
+    """The stdout and stderr captures of one run (spilling under the run's own directory),
+    each masking the run's secret values (``redact.redactor_for``; none: no masking at all)."""
+    from sandboxrun.redact import redactor_for
+
     limits = request.limits
     spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
+    args = (limits.max_output, limits.spill_max, spill, request.sink)
     return (
-        StreamCapture("stdout", limits.max_output, limits.spill_max, spill, request.sink),
-        StreamCapture("stderr", limits.max_output, limits.spill_max, spill, request.sink),
+        StreamCapture("stdout", *args, redactor=redactor_for(request)),
+        StreamCapture("stderr", *args, redactor=redactor_for(request)),
     )
 
 
