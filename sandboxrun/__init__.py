@@ -14,7 +14,7 @@ from sandboxrun.errors import (
     SandboxUnavailableError,
     WorkspaceError,
 )
-from sandboxrun.models import ExecResult, Limits, Policy
+from sandboxrun.models import Denial, ExecResult, Limits, Policy
 from sandboxrun.sandbox import Sandbox, run
 
 __version__ = "0.1.0"
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendError",
     "ConfigError",
+    "Denial",
     "EnvError",
     "ExecError",
     "ExecResult",

@@ -13,7 +13,10 @@ Before the exec it double-forks a *keeper*: a process that stays in the scope un
 closes ``HOLD_FD``, so that the scope's cgroup (and its OOM and CPU accounting) still exists when
 the command's last process has exited; systemd removes an emptied scope within milliseconds.
 
-argv: ``_launcher.py SPEC_FD STATUS_FD STDIN_FD STDOUT_FD STDERR_FD HOLD_FD``. Frames on the
+argv: ``_launcher.py SPEC_FD STATUS_FD STDIN_FD STDOUT_FD STDERR_FD HOLD_FD [PLAN_FD]``. With
+``PLAN_FD`` (a memfd holding ``{"ns_pid": N, "confine": {...}}``) the launcher joins the
+namespaces of the sandbox's holder (PID 1 of them, host pid ``N``), forks the command there and
+mirrors its end (``mirror``); the command confines itself first (``_confine.apply``). Frames on the
 status fd are a NUL byte, one JSON object and a newline: ``{"op": "launched", "cgroup": "<text
 of /proc/self/cgroup>", "keeper": PID}`` then, on failure, ``{"op": "spawn_error", "errno": N,
 "error": "..."}``.
@@ -130,8 +133,75 @@ def start_keeper(hold_fd: int) -> int:
     return keeper
 
 
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+
+def enter_sandbox(plan: dict[str, object]) -> None:
+    """Join the namespaces of the sandbox's holder (one set per sandbox, see
+    ``sandboxrun/isolation.py``) in one ``setns`` on its pidfd: user first where there is
+    one, then mount (which also moves root and cwd there), IPC, UTS, network, PID (for the
+    children forked after it)."""
+    import ctypes
+
+    holder = int(plan["ns_pid"])  # type: ignore[call-overload]
+    flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
+    extra = plan.get("ns_extra") or ()  # which of user/net the holder has its own of
+    for kind, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET)):
+        if kind in extra:  # type: ignore[operator]
+            flags |= flag
+    pidfd = os.pidfd_open(holder)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(pidfd, flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot enter the sandbox's namespaces: {os.strerror(err)}")
+    os.close(pidfd)
+
+
+def mirror(pid: int) -> None:
+    """Outlive the command in the sandbox's PID namespace and end as it ended: the host
+    waits for this process. Deaf to the polite signals a termination sends the whole scope
+    (the command gets them); KILL ends both."""
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_IGN)
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):  # the command's pipes must reach EOF when it is done
+        os.dup2(null, target)
+    os.close(null)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        died_of = os.WTERMSIG(status)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        try:
+            signal.signal(died_of, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            os.kill(os.getpid(), died_of)
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + died_of)
+    os._exit(os.WEXITSTATUS(status))
+
+
 def main() -> None:
     passed = [int(x) for x in sys.argv[1:7]]
+    plan: dict[str, object] = {}
+    if len(sys.argv) > 7:  # a confined sandbox: its plan in a memfd (see isolation.py)
+        import json
+
+        plan_fd = int(sys.argv[7])
+        plan = json.loads(read_all(plan_fd))
+        os.close(plan_fd)
     # move every passed fd above the stdio range first: one of them may be 0, 1 or 2
     spec_fd, status_fd, in_fd, out_fd, err_fd, hold_fd = (
         fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in passed
@@ -156,6 +226,22 @@ def main() -> None:
             except (OSError, ValueError):
                 pass
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if plan:
+        try:
+            if plan.get("ns_pid"):
+                enter_sandbox(plan)
+                child = os.fork()
+                if child:
+                    os.close(status_fd)
+                    mirror(child)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import _confine  # type: ignore[import-not-found]
+
+            _confine.apply(plan["confine"])
+        except OSError as exc:  # never run the command unconfined
+            error = f"cannot confine the command: {exc}"
+            frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
+            os._exit(126)
     try:
         os.chdir(cwd)
         os.execvpe(argv[0], argv, env)  # noqa: S606

@@ -12,8 +12,13 @@ is SIGKILLed.
 Protocol: a stream socket; every message is a 4-byte big-endian length and a JSON object. The
 host attaches the child's stdin/stdout/stderr to ``spawn`` with SCM_RIGHTS (in order).
 
+argv: ``_runner.py SOCKET_FD [CONFINE_PLAN_JSON]``: with a plan the runner first confines itself
+(and so every command) with ``_confine.apply``; it usually runs as PID 1 of the sandbox's
+namespaces then (``sandboxrun/isolation.py``), where its death ends every process of the sandbox.
+
 host -> runner: ``spawn {id, argv, env, cwd, grace}`` + 3 fds, ``terminate {id, grace}``,
-``shutdown {}``.  runner -> host: ``ready {pid}``, ``spawned {id, pid}``, ``spawn_error {id,
+``shutdown {}``.  runner -> host: ``ready {pid, layers}``, ``confine_error {error}``,
+``spawned {id, pid}``, ``spawn_error {id,
 errno, error}``, ``exit {id, status}``, ``terminated {id, survivors, cpu_s, maxrss_kb}``.
 """
 
@@ -80,6 +85,18 @@ def run_marker(pid: int) -> str | None:
     return None
 
 
+def namespaces() -> dict[str, int]:
+    """Our namespaces' inode numbers: the host compares them with its own (before any command
+    ran, this report can be trusted; the host cannot read a non-dumpable process's links)."""
+    found = {}
+    for kind in ("pid", "mnt", "ipc", "uts", "net", "user"):
+        try:
+            found[kind] = os.stat(f"/proc/self/ns/{kind}").st_ino
+        except OSError:
+            pass
+    return found
+
+
 class Run:
     def __init__(self, run_id: str, proc: subprocess.Popen[bytes], grace: float) -> None:
         self.id = run_id
@@ -111,6 +128,7 @@ class Runner:
         self.inbuf = b""
         self.closing = False
         self.last_refresh = 0.0
+        self.layers: list[str] = []
 
     # -- messages ---------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
@@ -350,7 +368,7 @@ class Runner:
         sel = selectors.DefaultSelector()
         sel.register(self.sock, selectors.EVENT_READ)
         sel.register(wake_r, selectors.EVENT_READ)
-        self.send(op="ready", pid=self.me)
+        self.send(op="ready", pid=self.me, layers=self.layers, ns=namespaces())
         listening = True
         while not (self.closing and not self.runs):
             busy = any(r.phase is not None for r in self.runs.values())
@@ -378,9 +396,24 @@ def main() -> None:
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write(f"sandboxrun runner: prctl failed: {os.strerror(ctypes.get_errno())}\n")
         sys.exit(3)
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # commands of the same uid cannot read our memory
+    plan = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    if not plan.pop("holder", False):  # commands of the same uid cannot read our memory
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # A namespace holder (systemd-scope) stays dumpable: each run's launcher joins its
+    # namespaces through its pidfd, which needs ptrace-read access; the commands there are in
+    # a Landlock domain of their own, which cannot ptrace the holder.
     sock = socket.socket(fileno=int(sys.argv[1]))
+    sock.set_inheritable(False)
     runner = Runner(sock)
+    if plan:  # confine ourselves: every command inherits it (see sandboxrun/_confine.py)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import _confine  # type: ignore[import-not-found]
+
+        try:
+            runner.layers = _confine.apply(plan)
+        except OSError as exc:
+            runner.send(op="confine_error", error=f"{exc}")
+            sys.exit(3)
     try:
         runner.serve()
     finally:  # even on a bug here: leave nothing of any run alive

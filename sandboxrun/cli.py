@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 
 from sandboxrun import backends
 from sandboxrun.argv import quote_argv
+from sandboxrun.denial import describe_change
 from sandboxrun.env import parse_env_assignment
 from sandboxrun.errors import (
     BackendError,
@@ -150,6 +152,36 @@ def summary(result: ExecResult, live: dict[str, StreamStats] | None = None) -> s
     return "sandboxrun: " + "; ".join(parts) if parts else None
 
 
+def denial_line(result: ExecResult) -> str | None:
+    """The line saying the sandbox, not the program, refused something (text mode)."""
+    found = result.denial
+    return None if found is None else f"sandboxrun: denied: {found.message} ({found.evidence})"
+
+
+def _is_tty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def ask_to_escalate(current: Policy, wider: Policy) -> bool:
+    """``--ask``: on a terminal (stdin and stderr both), ask on stderr whether to re-run under
+    ``wider`` and read the answer from stdin (the command's stdin is /dev/null, never the
+    terminal); without one never ask: say so and answer no."""
+    change = describe_change(current, wider)
+    if not (_is_tty(0) and _is_tty(2)):
+        say(f"sandboxrun: --ask: no terminal to ask on, not re-running (re-run with {change})")
+        return False
+    try:
+        sys.stderr.write(f"sandboxrun: re-run with {change}? [y/N] ")
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
+    except (OSError, ValueError, AttributeError):  # stdin closed or gone
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
 async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult | None:
     """Open, run, close; SIGINT/SIGTERM at any moment cancel it (cleanup still runs: later
     signals are absorbed until it is done). None when cancelled before the command started."""
@@ -204,6 +236,25 @@ def run(
     user: Annotated[str | None, typer.Option("--user", help="UID[:GID], docker only")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
     strict: Annotated[bool, typer.Option("--strict")] = False,
+    allow_degraded: Annotated[
+        bool,
+        typer.Option(
+            "--allow-degraded",
+            envvar="SANDBOXRUN_ALLOW_DEGRADED",
+            help="run even where the backend cannot give every guarantee asked for",
+        ),
+    ] = False,
+    mask: Annotated[
+        list[str] | None,
+        typer.Option("--mask", help="PATH to hide from the command (local backends)"),
+    ] = None,
+    no_mask: Annotated[
+        bool, typer.Option("--no-mask", help="do not mask secret values in the output")
+    ] = False,
+    ask: Annotated[
+        bool,
+        typer.Option("--ask", help="on a denial, ask (on a terminal) to re-run with more access"),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Run COMMAND in a sandbox over the workspace and exit with its status."""
@@ -222,10 +273,18 @@ def run(
             pids=pids,
         )
         live = None if json_out or dry_run else LiveWriter()
+        shown_denial = False
         sb = Sandbox(
             workspace,
             backend=backend,
-            policy=Policy(access=policy, network=network, strict=strict),
+            policy=Policy(
+                access=policy,
+                network=network,
+                strict=strict,
+                allow_degraded=allow_degraded,
+                mask=tuple(mask or ()),
+                mask_output=not no_mask,
+            ),
             limits=limits,
             env=dict(parse_env_assignment(item) for item in env or []),
             pass_env=pass_env or [],
@@ -256,6 +315,24 @@ def run(
         if outcome is None:
             raise fail(130, "interrupted before the command started")
         result = outcome
+        wider = result.denial.escalate_to if result.denial is not None else None
+        if ask and not json_out and wider is not None and wider != sb.policy:  # --json: never
+            say(denial_line(result) or "")
+            shown_denial = True
+            if ask_to_escalate(sb.policy, wider):
+                widened, again = sb.escalated(request, wider)
+                live = LiveWriter()
+                again = dataclasses.replace(again, sink=live)
+                try:
+                    outcome = anyio.run(_execute, widened, again)
+                finally:
+                    live.close()
+                    for message in widened.close_errors:
+                        say(f"sandboxrun: warning: {message}")
+                if outcome is None:
+                    raise fail(130, "interrupted before the command started")
+                result = outcome.model_copy(update={"escalated_from": sb.policy})
+                shown_denial = False
         if sb.close_errors and json_out:  # --json readers learn of it too (stderr has it)
             result = result.model_copy(update={"warnings": [*result.warnings, *sb.close_errors]})
     except ValidationError as exc:
@@ -282,16 +359,53 @@ def run(
     else:
         for warning in result.warnings:
             say(f"sandboxrun: warning: {warning}")
+        denied = denial_line(result)
+        if denied and not shown_denial:
+            say(denied)
         line = summary(result, live.stats if live else None)
         if line:
             say(line)
     raise typer.Exit(exit_status(result))
 
 
+def layer_rows() -> list[dict[str, object]]:
+    """The local isolation layer, part by part: given here or not, why, and how to get it."""
+    from sandboxrun.isolation import probe_host
+
+    support = probe_host()
+    ns = "network-none, read-only-root, pid-namespace, private-tmp, sockets-masked, secrets-masked"
+    return [
+        {
+            "layer": "namespaces (bubblewrap)",
+            "available": support.bwrap is not None,
+            "gives": ns,
+            "reason": support.bwrap_reason,
+        },
+        {
+            "layer": "landlock",
+            "available": support.landlock_abi > 0,
+            "gives": f"writes only where the policy allows (ABI {support.landlock_abi})"
+            if support.landlock_abi
+            else "writes only where the policy allows",
+            "reason": None
+            if support.landlock_abi
+            else "the kernel has no Landlock (CONFIG_SECURITY_LANDLOCK=y and lsm=...,landlock)",
+        },
+        {
+            "layer": "seccomp",
+            "available": support.seccomp,
+            "gives": "no setuid/setgid file, no device node",
+            "reason": None if support.seccomp else "the kernel has no seccomp filter support",
+        },
+    ]
+
+
 @app.command()
 def doctor(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """For each backend: available or not and why, and the isolation it gives."""
+    """For each backend: available or not and why, and the isolation it gives; then each part
+    of the local isolation layer (process-group, systemd-scope): given here or why not."""
     probes = [backends.probe(name) for name in backends.ORDER]
+    layers = layer_rows()
     if json_out:
         rows = [
             {
@@ -302,12 +416,17 @@ def doctor(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
             }
             for p in probes
         ]
-        sys.stdout.write(json.dumps(rows) + "\n")
+        sys.stdout.write(json.dumps({"backends": rows, "local_layers": layers}) + "\n")
         return
     for p in probes:
         state = "available" if p.available else "unavailable"
         detail = ", ".join(p.isolation) if p.available else p.reason
         sys.stdout.write(f"{p.backend:<14} {state:<12} {detail}\n")
+    sys.stdout.write("local isolation layer:\n")
+    for row in layers:
+        state = "available" if row["available"] else "unavailable"
+        detail = str(row["gives"] if row["available"] else row["reason"])
+        sys.stdout.write(f"  {row['layer']!s:<24} {state:<12} {detail}\n")
 
 
 @app.command()

@@ -8,7 +8,7 @@
     │   ├── EnvError                invalid environment names or values, refused secrets
     │   └── ConfigError             invalid limits, policy, sizes or options
     ├── SandboxUnavailableError     the backend cannot be used here (CLI exit 125)
-    ├── PolicyRefusedError          ``strict`` and the backend cannot give a guarantee (exit 125)
+    ├── PolicyRefusedError          the backend cannot give a guarantee asked for (exit 125)
     ├── BackendError                the backend failed while it was in use (exit 125)
     └── ExecError                   raised only by ``ExecResult.check()``; carries ``.result``
 
@@ -54,14 +54,26 @@ class SandboxUnavailableError(SandboxrunError):
 
 
 class PolicyRefusedError(SandboxrunError):
-    """``strict`` was asked and the backend cannot enforce every requested guarantee."""
+    """The backend cannot enforce every requested guarantee, and the caller did not opt into
+    less (``allow_degraded``), or asked for ``strict``. Nothing was started."""
 
-    def __init__(self, backend: str, missing: list[str]) -> None:
+    def __init__(
+        self, backend: str, missing: list[str], why: str | None = None, *, strict: bool = False
+    ) -> None:
+        because = f" ({why})" if why else ""
+        opt_in = (
+            "--strict forbids running with less"
+            if strict
+            else "pass --allow-degraded (Policy(allow_degraded=True), "
+            "SANDBOXRUN_ALLOW_DEGRADED=1) to run with less"
+        )
         super().__init__(
-            f"refusing to run: backend {backend!r} cannot enforce: {', '.join(missing)}"
+            f"refusing to run: backend {backend!r} cannot enforce "
+            f"{', '.join(missing)} here{because}; {opt_in}"
         )
         self.backend = backend
         self.missing = missing
+        self.why = why
 
 
 class BackendError(SandboxrunError):

@@ -38,7 +38,18 @@ class Policy(BaseModel):
     access: Access = "workspace-write"
     network: Network = "none"
     strict: bool = False
-    """Refuse to run (``PolicyRefusedError``) when the backend cannot give every guarantee."""
+    """Refuse to run (``PolicyRefusedError``) when the backend cannot give every guarantee,
+    even with ``allow_degraded``."""
+    allow_degraded: bool = False
+    """Run even when the backend cannot give every guarantee asked for (one warning, and
+    ``missing_guarantees`` set). Without it such a run is refused (``PolicyRefusedError``)."""
+    mask: tuple[str, ...] = ()
+    """More host paths to hide from the command (shown empty), beside the built-in secret
+    paths (``~/.ssh`` ...). Local backends only: a container sees no host path but the
+    workspace."""
+    mask_output: bool = True
+    """Replace the values of secret-shaped variables given explicitly (``env=``, ``-e``) in the
+    captured and live output with ``[masked:NAME]``."""
 
 
 class Limits(BaseModel):
@@ -95,13 +106,33 @@ def limit_guarantees(limits: Limits) -> list[str]:
 def required_guarantees(policy: Policy, limits: Limits) -> list[str]:
     """The isolation guarantees a policy and limits ask for, by the names ``isolation`` uses."""
     wanted: list[str] = []
+    if policy.access == "danger-full-access":  # the caller asked for no isolation at all
+        return limit_guarantees(limits)
     if policy.access == "read-only":
         wanted += ["read-only-workspace", "read-only-root"]
-    elif policy.access == "workspace-write":
+    else:
         wanted.append("read-only-root")
     if policy.network == "none":
         wanted.append("network-none")
     return wanted + limit_guarantees(limits)
+
+
+DenialKind = Literal["filesystem", "network", "syscall", "disk-full", "pids-limit", "memory-limit"]
+
+
+class Denial(BaseModel):
+    """The sandbox, not the program, refused something the command needed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: DenialKind
+    evidence: str
+    """The line of output (or the fact) that shows it."""
+    message: str
+    """One sentence for people: what the sandbox refused, and the wider policy that allows it."""
+    escalate_to: Policy | None = None
+    """The narrowest wider policy under which the command would not be refused (None when
+    no policy helps, e.g. a limit was hit)."""
 
 
 class ExecResult(BaseModel):
@@ -137,6 +168,12 @@ class ExecResult(BaseModel):
     run_id: str
     error: str | None = None
     """Human-readable detail for ``spawn_error`` / ``sandbox_error`` (and survivors), else null."""
+    denial: Denial | None = None
+    """Set when the command failed because the sandbox refused something or a limit was hit;
+    an ordinary failure of the program leaves it None."""
+    escalated_from: Policy | None = None
+    """Set on the result of a re-run after an approved escalation: the policy that refused the
+    first run."""
     warnings: list[str] = Field(default_factory=list)
     """Trouble that did not change what happened to the command: a spill file that could not be
     written, a live sink that failed. The output accounting fields say what it cost."""

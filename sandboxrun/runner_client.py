@@ -16,11 +16,14 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sandboxrun.errors import BackendError
+
+if TYPE_CHECKING:
+    from sandboxrun.isolation import LocalPlan
 
 HEADER = struct.Struct("!I")
 RUNNER = Path(__file__).with_name("_runner.py")
@@ -28,9 +31,16 @@ READY_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 30.0
 
 
-def _spawn_runner(sock: socket.socket) -> subprocess.Popen[bytes]:
+def _spawn_runner(
+    sock: socket.socket, plan: LocalPlan | None, holder: bool = False
+) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-I", "-S", str(RUNNER), str(sock.fileno())]
+    if plan is not None and not plan.off:
+        argv.append(json.dumps({**plan.confine(), "holder": holder}))
+        if plan.namespaces:
+            argv = plan.bwrap_argv(argv)
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", str(RUNNER), str(sock.fileno())],
+        argv,
         pass_fds=[sock.fileno()],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -51,7 +61,14 @@ class Channel:
 
 
 class RunnerClient:
-    def __init__(self) -> None:
+    def __init__(self, plan: LocalPlan | None = None, *, holder: bool = False) -> None:
+        self._plan = plan
+        self._holder = holder
+        """Only holds the sandbox's namespaces for others to join (systemd-scope)."""
+        self.layers: list[str] = []
+        """What the runner applied to itself (``_confine.apply``), from its ``ready``."""
+        self.namespaces: dict[str, int] = {}
+        """The runner's namespace inodes (``kind -> inode``), from its ``ready``."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._channels: dict[str, Channel] = {}
@@ -66,10 +83,24 @@ class RunnerClient:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def inner_pid(self) -> int | None:
+        """The host pid of the runner itself: under bubblewrap, bwrap's one child (PID 1 of
+        the sandbox's namespaces); else the process we started."""
+        if self._proc is None:
+            return None
+        if self._plan is None or not self._plan.namespaces:
+            return self._proc.pid
+        try:
+            pid = self._proc.pid
+            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(kids[0]) if len(kids) == 1 else None
+
     async def start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = _spawn_runner(child)
+            self._proc = _spawn_runner(child, self._plan, self._holder)
         except OSError as exc:
             parent.close()
             raise BackendError(f"cannot start the process-group runner: {exc}") from exc
@@ -127,6 +158,11 @@ class RunnerClient:
         op = msg["op"]
         if op == "ready":
             self._ready = True
+            self.layers = list(msg.get("layers") or [])
+            self.namespaces = dict(msg.get("ns") or {})
+            return
+        if op == "confine_error":
+            self._lose(f"the runner could not confine itself: {msg.get('error')}")
             return
         channel = self._channels.get(msg.get("id", ""))
         if channel is None:

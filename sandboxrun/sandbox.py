@@ -8,10 +8,12 @@ cancellation after a shielded, bounded cleanup (the cancelled result is in ``las
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Self
@@ -19,7 +21,7 @@ from typing import Self
 import anyio
 import anyio.to_thread
 
-from sandboxrun import backends
+from sandboxrun import backends, denial
 from sandboxrun.argv import join_path_prepend, validate_argv
 from sandboxrun.env import build_env
 from sandboxrun.errors import ConfigError, PolicyRefusedError
@@ -29,6 +31,10 @@ from sandboxrun.process import RunFacts
 from sandboxrun.spec import ExecRequest, Sink
 
 log = logging.getLogger("sandboxrun")
+
+EscalationHook = Callable[[ExecResult, Policy], bool | Awaitable[bool]]
+"""``exec(..., escalate=hook)``: called with the denied result and the proposed wider policy;
+True re-runs the command once under it."""
 
 
 def check_encodable(value: str) -> None:
@@ -92,7 +98,14 @@ class Sandbox:
         return self._backend
 
     def context(self) -> backends.Context:
-        return backends.Context(self.workspace, self.policy, self.limits, self.image, self.user)
+        return backends.Context(
+            self.workspace,
+            self.policy,
+            self.limits,
+            self.image,
+            self.user,
+            tuple(self._path_prepend),
+        )
 
     def choose_backend(self) -> tuple[backends.Backend, str | None]:
         """Probe and create (not open) the backend; refuse docker-only options elsewhere."""
@@ -224,8 +237,17 @@ class Sandbox:
         stdin: bytes | None = None,
         path_prepend: Sequence[str] = (),
         sink: Sink | None = None,
+        escalate: EscalationHook | None = None,
     ) -> ExecResult:
-        """Run one command and return what happened. Never raises for a non-zero exit."""
+        """Run one command and return what happened. Never raises for a non-zero exit.
+
+        ``escalate``: when the run ends with a ``denial`` that a wider policy would allow
+        (``denial.escalate_to``), the hook (sync or async) is called once with the result and
+        that policy; if it returns True the same command runs once more, in a fresh sandbox on
+        the same workspace with the same backend request, limits and options but that policy,
+        and that result is returned with ``escalated_from`` set to this sandbox's policy (the
+        live sink sees both runs). False returns the denied result; an exception raised by the
+        hook propagates (nothing has run again; the denied result is in ``last_result``)."""
         request = self.prepare(
             argv,
             shell=shell,
@@ -237,14 +259,85 @@ class Sandbox:
             path_prepend=path_prepend,
             sink=sink,
         )
-        return await self.run_request(request)
+        result = await self.run_request(request)
+        if escalate is None:
+            return result
+        return await self._escalate(result, request, escalate)
+
+    def escalated(self, request: ExecRequest, policy: Policy) -> tuple[Sandbox, ExecRequest]:
+        """A fresh, unopened ``Sandbox`` like this one (workspace, requested backend, limits,
+        env options, image, user) but under ``policy``, and ``request`` re-made for it (same
+        command, environment, workdir, stdin and sink; a new run id)."""
+        sandbox = Sandbox(
+            self.workspace.root,
+            backend=self._requested,
+            policy=policy,
+            limits=self.limits,
+            env=self._env,
+            pass_env=self._pass_env,
+            pass_proxy=self._pass_proxy,
+            path_prepend=self._path_prepend,
+            host_env=self._host_env,
+            image=self.image,
+            user=self.user,
+        )
+        again = dataclasses.replace(request, run_id=new_run_id(), policy=policy)
+        return sandbox, again
+
+    async def _escalate(
+        self, result: ExecResult, request: ExecRequest, hook: EscalationHook
+    ) -> ExecResult:
+        """Ask ``hook`` once about ``result``'s denial; on approval re-run once (no further
+        escalation) under the proposed policy. ``aclose()`` cancels the re-run like any exec."""
+        found = result.denial
+        if found is None or found.escalate_to is None or found.escalate_to == self.policy:
+            return result
+        answer = hook(result, found.escalate_to)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if not answer or self._closed is not None or self._backend is None:
+            return result
+        widened, again = self.escalated(request, found.escalate_to)
+        escalated_from = {"escalated_from": self.policy}
+        scope, done = anyio.CancelScope(), anyio.Event()
+        self._inflight[scope] = done
+        rerun: ExecResult | None = None
+        try:
+            with scope:
+                async with widened:
+                    rerun = await widened.run_request(again)
+        finally:
+            del self._inflight[scope]
+            done.set()
+            self.close_errors += widened.close_errors
+        if rerun is None:  # aclose() cancelled the re-run: its cancelled result, if it started
+            closed = widened.last_result or result
+            rerun = closed.model_copy(
+                update={"error": "cancelled: the sandbox was closed during the command"}
+            )
+        rerun = rerun.model_copy(update=escalated_from)
+        self.last_result = rerun
+        return rerun
+
+    def _diagnose(self, result: ExecResult, request: ExecRequest) -> ExecResult:
+        """``result`` with ``denial`` set when the sandbox refused something or a limit was hit
+        (``sandboxrun.denial``); diagnosis never fails a run."""
+        if result.status not in denial.DIAGNOSED:
+            return result
+        try:
+            facts = denial.host_facts(result, self.workspace.root, workdir=request.workdir)
+            found = denial.diagnose(result, request.policy, facts, request.limits)
+        except Exception:  # a diagnosis is a courtesy: the result stands without it
+            log.debug("sandboxrun: diagnosing run %s failed", result.run_id, exc_info=True)
+            return result
+        return result if found is None else result.model_copy(update={"denial": found})
 
     async def run_request(self, request: ExecRequest) -> ExecResult:
         backend = self.backend
         backend.check_request(request)
         missing = self.missing_guarantees(request)
-        if missing and self.policy.strict:
-            raise PolicyRefusedError(backend.name, missing)
+        if missing and (self.policy.strict or not self.policy.allow_degraded):
+            raise PolicyRefusedError(backend.name, missing, strict=self.policy.strict)
         if missing and tuple(missing) not in self._warned:
             self._warned.add(tuple(missing))
             log.warning(
@@ -292,6 +385,8 @@ class Sandbox:
                 result = result.model_copy(update=closed)
             self.last_result = result
         assert result is not None  # only our own scope's cancellation is swallowed above
+        result = self._diagnose(result, request)
+        self.last_result = result
         return result
 
 
@@ -310,8 +405,10 @@ def run(
     path_prepend: Sequence[str] = (),
     timeout: float | None = None,
     stdin: bytes | None = None,
+    escalate: EscalationHook | None = None,
 ) -> ExecResult:
-    """Synchronous one-shot: open a sandbox, run one command, close it."""
+    """Synchronous one-shot: open a sandbox, run one command, close it (``escalate``: see
+    ``Sandbox.exec``)."""
 
     async def go() -> ExecResult:
         async with Sandbox(
@@ -330,6 +427,7 @@ def run(
                 timeout=timeout,
                 stdin=stdin,
                 path_prepend=path_prepend,
+                escalate=escalate,
             )
 
     return anyio.run(go)

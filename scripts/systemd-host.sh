@@ -23,9 +23,13 @@ cleanup() { docker rm -f "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM  # the EXIT trap runs on these too
+# Like a real systemd machine, the host lets bubblewrap (the local isolation layer) build its
+# namespaces: a network namespace's loopback needs NET_ADMIN, and an unprivileged user's new
+# /proc needs docker's default seccomp profile and /proc masks out of the way.
 docker run -d --name "$name" \
   --label sandboxrun.test-host=true --label sandboxrun.test-host.owner_pid=$$ \
   --cap-add SYS_ADMIN --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
+  --cap-add NET_ADMIN --security-opt seccomp=unconfined --security-opt systempaths=unconfined \
   --tmpfs /run --tmpfs /run/lock -v "$PWD":/src:ro "$IMAGE" >/dev/null \
   || setup_failed "cannot start $IMAGE"
 
@@ -62,4 +66,5 @@ for _ in $(seq 1 60); do  # logind starts the lingering user's manager; it may l
   sleep 0.5
 done
 run_tests tester "-e HOME=/home/tester -e XDG_RUNTIME_DIR=/run/user/1000" \
-  /src/tests/conformance /src/tests/integration/test_systemd.py -k "systemd" "$@"
+  /src/tests/conformance /src/tests/integration/test_systemd.py \
+  /src/tests/integration/test_local_isolation.py -k "systemd" "$@"

@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
   || { echo "sandboxrun needs Python 3.11 or newer ($PY is older)" >&2; exit 1; }
+# The local isolation layer (process-group, systemd-scope) needs bubblewrap.
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 

@@ -1,7 +1,9 @@
 """Backends: the ``Backend`` contract, the registry, and the probe + fallback chain.
 
-``auto`` probes docker -> systemd-scope -> process-group and takes the first available one,
-recording why the better ones were not used. An explicitly named backend never falls back.
+``auto`` probes docker -> systemd-scope -> process-group and takes the first one that can give
+every guarantee asked for, recording why the better ones were not used; where none can, the run
+is refused unless the caller opted into less (``allow_degraded``). An explicitly named backend
+never falls back, and follows the same rule.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from sandboxrun.errors import ConfigError, SandboxUnavailableError
-from sandboxrun.models import BackendName, ExecResult, Limits, Policy
+from sandboxrun.errors import ConfigError, PolicyRefusedError, SandboxUnavailableError
+from sandboxrun.isolation import HostSupport
+from sandboxrun.models import BackendName, ExecResult, Limits, Policy, required_guarantees
 from sandboxrun.paths import Workspace
 from sandboxrun.process import RunFacts
 from sandboxrun.spec import ExecRequest
@@ -29,6 +32,8 @@ class Probe:
     """Why it is unavailable (None when available)."""
     isolation: tuple[str, ...]
     """The guarantees this backend can give, by ``ExecResult.isolation`` names."""
+    support: HostSupport | None = None
+    """For the local backends: what this host's isolation layer can give, and why not."""
 
 
 class Backend(Protocol):
@@ -72,13 +77,16 @@ class Context:
     limits: Limits
     image: str | None = None
     user: str | None = None
+    path_prepend: tuple[str, ...] = ()
 
 
-def probe(name: BackendName, image: str | None = None) -> Probe:
+def probe(name: BackendName, image: str | None = None, policy: Policy | None = None) -> Probe:
+    """Whether ``name`` can run here, and what it gives (under ``policy``: the local
+    backends' isolation layer depends on it)."""
     if name == "process-group":
         from sandboxrun.backends.pgroup import probe_pgroup
 
-        return probe_pgroup()
+        return probe_pgroup(policy)
     if name == "docker":
         from sandboxrun.backends.docker import probe_docker
         from sandboxrun.images import BASE_IMAGE
@@ -86,14 +94,26 @@ def probe(name: BackendName, image: str | None = None) -> Probe:
         return probe_docker(image or BASE_IMAGE)
     from sandboxrun.backends.systemd import probe_systemd
 
-    return probe_systemd()
+    return probe_systemd(policy)
+
+
+def missing_for(result: Probe, ctx: Context) -> list[str]:
+    """The guarantees ``ctx`` asks for that the probed backend cannot give."""
+    return [g for g in required_guarantees(ctx.policy, ctx.limits) if g not in result.isolation]
+
+
+def refusal(result: Probe, ctx: Context, missing: list[str]) -> PolicyRefusedError:
+    why = result.support.why_not(missing) if result.support is not None else None
+    return PolicyRefusedError(result.backend, missing, why or None, strict=ctx.policy.strict)
 
 
 def create(name: BackendName, ctx: Context) -> Backend:
     if name == "process-group":
         from sandboxrun.backends.pgroup import ProcessGroupBackend
 
-        return ProcessGroupBackend(ctx.limits.grace_s)
+        return ProcessGroupBackend(
+            ctx.limits.grace_s, ctx.policy, ctx.workspace.root, ctx.path_prepend
+        )
     if name == "docker":
         from sandboxrun.backends.docker import DockerBackend
 
@@ -101,7 +121,12 @@ def create(name: BackendName, ctx: Context) -> Backend:
     if name == "systemd-scope":
         from sandboxrun.backends.systemd import SystemdScopeBackend
 
-        return SystemdScopeBackend(limits=ctx.limits)
+        return SystemdScopeBackend(
+            limits=ctx.limits,
+            policy=ctx.policy,
+            workspace=ctx.workspace.root,
+            tools=ctx.path_prepend,
+        )
     raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
 
 
@@ -113,20 +138,41 @@ def check_name(requested: str) -> BackendName:
 
 
 def select(requested: str, ctx: Context) -> tuple[Backend, str | None]:
-    """The backend to use and, under ``auto``, why better ones were skipped (else None)."""
+    """The backend to use and, under ``auto``, why better ones were skipped (else None).
+
+    Fail closed: a backend that cannot give every guarantee the policy and limits ask for is
+    used only with ``allow_degraded`` (never under ``strict``); ``auto`` takes the first that
+    gives them all, else (with ``allow_degraded``) the first available one, else refuses
+    (``PolicyRefusedError``) naming what this host cannot give."""
+    degraded_ok = ctx.policy.allow_degraded and not ctx.policy.strict
     if requested != "auto":
         name = check_name(requested)
-        result = probe(name, ctx.image)
+        result = probe(name, ctx.image, ctx.policy)
         if not result.available:
             raise SandboxUnavailableError(name, result.reason or "unavailable")
+        missing = missing_for(result, ctx)
+        if missing and not degraded_ok:
+            raise refusal(result, ctx, missing)
         return create(name, ctx), None
     skipped: list[str] = []
+    first: tuple[Probe, list[str]] | None = None
     for name in ORDER:
-        result = probe(name, ctx.image)
-        if result.available:
+        result = probe(name, ctx.image, ctx.policy)
+        if not result.available:
+            skipped.append(f"{name}: {result.reason}")
+            continue
+        missing = missing_for(result, ctx)
+        if not missing:
             reason = "; ".join(skipped) or None
             if reason:
                 log.warning("sandboxrun: falling back to %s: %s", name, reason)
             return create(name, ctx), reason
-        skipped.append(f"{name}: {result.reason}")
-    raise SandboxUnavailableError("auto", "; ".join(skipped))
+        skipped.append(f"{name}: cannot enforce {', '.join(missing)}")
+        first = first or (result, missing)
+    if first is None:
+        raise SandboxUnavailableError("auto", "; ".join(skipped))
+    if not degraded_ok:
+        raise refusal(first[0], ctx, first[1])
+    reason = "; ".join(skipped)
+    log.warning("sandboxrun: falling back to %s, degraded: %s", first[0].backend, reason)
+    return create(first[0].backend, ctx), reason

@@ -24,7 +24,8 @@ from sandboxrun.argv import join_path_prepend, shell_argv, wrapper_env
 from sandboxrun.backends import Probe
 from sandboxrun.capture import StreamCapture
 from sandboxrun.errors import BackendError
-from sandboxrun.models import BackendName, ExecResult
+from sandboxrun.isolation import LocalPlan, local_plan, probe_host, verified_layers
+from sandboxrun.models import BackendName, ExecResult, Policy
 from sandboxrun.pipes import FdPump, output_pipe
 from sandboxrun.process import (
     KILL_BUDGET_S,
@@ -45,10 +46,12 @@ SPAWN_TIMEOUT_S = 10.0
 ANSWER_MARGIN_S = 5.0
 
 
-def probe_pgroup() -> Probe:
+def probe_pgroup(policy: Policy | None = None) -> Probe:
     if not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists():
         return Probe("process-group", False, "needs Linux with /proc", ())
-    return Probe("process-group", True, None, ISOLATION)
+    support = probe_host()
+    layers = support.layers(policy or Policy())
+    return Probe("process-group", True, None, (*ISOLATION, *layers), support)
 
 
 def spawn_exit_code(err: int) -> int:
@@ -109,11 +112,12 @@ class _Run:
         await self._pump.pump()
 
 
-def local_env(request: ExecRequest) -> dict[str, str]:
-    """The command's environment on the host: the built env, the run marker, PATH prepends
+def local_env(request: ExecRequest, plan: LocalPlan | None = None) -> dict[str, str]:
+    """The command's environment on the host: the built env (with the sandbox's private
+    ``HOME`` and ``TMPDIR`` under the isolation layer), the run marker, PATH prepends
     (in shell mode applied by the login shell after the profile, which also re-applies an
     explicit PATH: the profile may assign PATH)."""
-    env = dict(request.env)
+    env = dict(request.env) if plan is None else plan.command_env(request.env, request.explicit)
     env[MARKER_VAR] = request.run_id
     if request.script is not None:
         explicit = env.get("PATH") if "PATH" in request.explicit else None
@@ -162,19 +166,36 @@ def sweep_marked(run_id: str, grace_s: float) -> int:
 class ProcessGroupBackend:
     name: BackendName = "process-group"
 
-    def __init__(self, grace_s: float = 3.0) -> None:
-        self._client = RunnerClient()
+    def __init__(
+        self,
+        grace_s: float = 3.0,
+        policy: Policy | None = None,
+        workspace: Path | None = None,
+        tools: tuple[str, ...] = (),
+    ) -> None:
+        self._plan = (
+            None
+            if policy is None or workspace is None
+            else local_plan(policy, workspace, tools=tools)
+        )
+        self._client = RunnerClient(self._plan)
         self._grace_s = grace_s
+        self._layers: list[str] = []
 
     async def open(self) -> None:
         await self._client.start()
+        if self._plan is not None:
+            client = self._client
+            self._layers = verified_layers(
+                self._plan, client.inner_pid(), client.layers, client.namespaces
+            )
 
     async def close(self) -> None:
         # Closing terminates what still runs: give it the grace and the kill budget.
         await self._client.close(self._grace_s + KILL_BUDGET_S + ANSWER_MARGIN_S + 10.0)
 
     def isolation(self, request: ExecRequest) -> list[str]:
-        return list(ISOLATION)
+        return [*ISOLATION, *self._layers]
 
     def command(self, request: ExecRequest) -> list[str]:
         return local_command(request)
@@ -243,7 +264,7 @@ class ProcessGroupBackend:
         """Send the spawn; return the runner's spawn_error message, or None when it started."""
         message = {
             "argv": self.command(request),
-            "env": local_env(request),
+            "env": local_env(request, self._plan),
             "cwd": str(request.workdir),
             "grace": request.limits.grace_s,
         }

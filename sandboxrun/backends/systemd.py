@@ -8,6 +8,7 @@ files, per run); it cannot make the file system read-only or cut the network.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,7 +26,8 @@ from sandboxrun.backends import systemd_config as cfg
 from sandboxrun.backends.pgroup import local_command, local_env, spawn_exit_code
 from sandboxrun.backends.systemd_run import ScopeRun, read_text
 from sandboxrun.errors import BackendError
-from sandboxrun.models import BackendName, ExecResult, Limits, Status, limit_guarantees
+from sandboxrun.isolation import LocalPlan, local_plan, probe_host, verified_layers
+from sandboxrun.models import BackendName, ExecResult, Limits, Policy, Status, limit_guarantees
 from sandboxrun.pipes import FdPump, output_pipe
 from sandboxrun.process import (
     RunFacts,
@@ -36,6 +38,7 @@ from sandboxrun.process import (
     sandbox_error_result,
     supervise_request,
 )
+from sandboxrun.runner_client import RunnerClient
 from sandboxrun.spec import ExecRequest
 
 BASE_ISOLATION = ("cgroup", "own-session", "descendant-sweep")
@@ -106,7 +109,7 @@ def owner() -> tuple[int, int]:
     return os.getpid(), int(psutil.Process().create_time())
 
 
-def probe_systemd() -> Probe:
+def probe_systemd(policy: Policy | None = None) -> Probe:
     found = tools()
     if isinstance(found, str):
         return Probe("systemd-scope", False, found, ())
@@ -150,7 +153,10 @@ def probe_systemd() -> Probe:
     if trial.returncode != 0:
         why = cfg.probe_reason(trial.stdout, trial.stderr, trial.returncode, "systemd-run --scope")
         return Probe("systemd-scope", False, f"systemd-run --scope fails: {why}", ())
-    return Probe("systemd-scope", True, None, BASE_ISOLATION)
+    support = probe_host()
+    layers = support.layers(policy or Policy())
+    limits = ("memory-limit", "cpu-limit", "pids-limit")
+    return Probe("systemd-scope", True, None, (*BASE_ISOLATION, *limits, *layers), support)
 
 
 def _pure_v2(mount: str = "/sys/fs/cgroup") -> bool:
@@ -160,7 +166,22 @@ def _pure_v2(mount: str = "/sys/fs/cgroup") -> bool:
 class SystemdScopeBackend:
     name: BackendName = "systemd-scope"
 
-    def __init__(self, mode: cfg.Mode | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        mode: cfg.Mode | None = None,
+        limits: Limits | None = None,
+        policy: Policy | None = None,
+        workspace: Path | None = None,
+        tools: tuple[str, ...] = (),
+    ) -> None:
+        self._plan = (
+            None
+            if policy is None or workspace is None
+            else local_plan(policy, workspace, tools=tools)
+        )
+        self._holder: RunnerClient | None = None
+        """The sandbox's namespace holder: PID 1 of its namespaces, which every run joins."""
+        self._layers: list[str] = []
         self.mode: cfg.Mode = mode or manager_mode()
         self._limits = limits or Limits()
         self.applied_limits: set[str] | None = None
@@ -175,6 +196,7 @@ class SystemdScopeBackend:
         if isinstance(found, str):
             raise BackendError(found)
         self._tools = found
+        await self._open_holder()
         if limit_guarantees(self._limits) and self.applied_limits is None:
             run, _ = found
             self.applied_limits = await anyio.to_thread.run_sync(
@@ -195,6 +217,38 @@ class SystemdScopeBackend:
             assert self.watchdog.stdin is not None
             os.set_blocking(self.watchdog.stdin.fileno(), False)
 
+    async def _open_holder(self) -> None:
+        plan = self._plan
+        if plan is None or plan.off or self._layers:
+            return
+        if plan.namespaces:
+            holder = RunnerClient(plan, holder=True)
+            await holder.start()
+            self._holder = holder
+            self._layers = verified_layers(
+                plan, holder.inner_pid(), holder.layers, holder.namespaces
+            )
+        else:  # Landlock and seccomp only: each launcher applies them (probed, not verified)
+            self._layers = list(plan.support.layers(plan.policy))
+
+    def plan_memfd(self) -> int | None:
+        """The launcher's plan (``_launcher.py`` PLAN_FD), or None for an unconfined run."""
+        plan = self._plan
+        if plan is None or plan.off:
+            return None
+        ns_pid = self._holder.inner_pid() if self._holder is not None else None
+        if plan.namespaces and ns_pid is None:
+            raise BackendError("the sandbox's namespace holder is gone")
+        extra = []
+        if self._holder is not None:
+            for kind in ("user", "net"):
+                theirs = self._holder.namespaces.get(kind)
+                if theirs is not None and theirs != Path(f"/proc/self/ns/{kind}").stat().st_ino:
+                    extra.append(kind)
+        plan_data = {"ns_pid": ns_pid, "ns_extra": extra, "confine": plan.confine()}
+        data = json.dumps(plan_data).encode()
+        return _memfd("sandboxrun-plan", data)
+
     def _watch(self, line: str) -> None:
         """Tell the watchdog about a unit (``+unit`` before launch, ``-unit`` once empty)."""
         pipe = None if self.watchdog is None else self.watchdog.stdin
@@ -214,6 +268,10 @@ class SystemdScopeBackend:
     async def close(self) -> None:
         """Every exec empties its scope before it returns; a scope that could not be emptied
         is still registered, and the watchdog stops it when its stdin closes here."""
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            with anyio.CancelScope(shield=True):
+                await holder.close()
         watchdog, self.watchdog = self.watchdog, None
         if watchdog is None:
             return
@@ -232,7 +290,11 @@ class SystemdScopeBackend:
         ``open`` showed not applied (each run checks its own scope again)."""
         applied = self.applied_limits
         limits = limit_guarantees(request.limits)
-        return [*BASE_ISOLATION, *(n for n in limits if applied is None or n in applied)]
+        return [
+            *BASE_ISOLATION,
+            *(n for n in limits if applied is None or n in applied),
+            *self._layers,
+        ]
 
     def command(self, request: ExecRequest) -> list[str]:
         return local_command(request)
@@ -276,9 +338,13 @@ class SystemdScopeBackend:
             os.set_blocking(status_r, False)
             hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
             fds += [hold_r, hold_w]
-            spec_fd = _spec_memfd(request)
+            spec_fd = _spec_memfd(request, self._plan)
             fds.append(spec_fd)
-            child_fds = (spec_fd, status_w, in_r, out_w, err_w, hold_r)
+            plan_fd = self.plan_memfd()
+            child_fds: tuple[int, ...] = (spec_fd, status_w, in_r, out_w, err_w, hold_r)
+            if plan_fd is not None:
+                fds.append(plan_fd)
+                child_fds += (plan_fd,)
             inner = [sys.executable, "-I", "-S", "-B", LAUNCHER, *map(str, child_fds)]
             argv = self._systemd_run_argv(request, inner)
             unit = cfg.unit_name(request.run_id)
@@ -443,10 +509,15 @@ def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
     return applied
 
 
-def _spec_memfd(request: ExecRequest) -> int:
+def _spec_memfd(request: ExecRequest, plan: LocalPlan | None = None) -> int:
     """The command's argv, environment and working directory in a private memfd."""
-    data = cfg.encode_spec(local_command(request), local_env(request), str(request.workdir))
-    fd = os.memfd_create("sandboxrun-spec", os.MFD_CLOEXEC)
+    env = local_env(request, plan)
+    data = cfg.encode_spec(local_command(request), env, str(request.workdir))
+    return _memfd("sandboxrun-spec", data)
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

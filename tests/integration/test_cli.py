@@ -192,13 +192,25 @@ def test_escape_sequences_are_neutralized_on_a_tty(workspace: Path) -> None:
 
 def test_doctor_reports_every_backend() -> None:
     proc = cli("doctor", "--json", env=NO_ENGINE)
-    rows = json.loads(proc.stdout)
+    report = json.loads(proc.stdout)
+    rows = report["backends"]
     assert [r["backend"] for r in rows] == ["docker", "systemd-scope", "process-group"]
     by_name = {r["backend"]: r for r in rows}
     assert by_name["process-group"]["available"] is True
     assert "own-session" in by_name["process-group"]["isolation"]
     assert by_name["docker"]["available"] is False
     assert by_name["docker"]["reason"]
+    layers = {row["layer"]: row for row in report["local_layers"]}
+    assert set(layers) == {"namespaces (bubblewrap)", "landlock", "seccomp"}
+    assert all(row["available"] or row["reason"] for row in layers.values())
+
+
+def test_doctor_names_the_missing_layer_and_how_to_get_it() -> None:
+    proc = cli("doctor", env={**NO_ENGINE, "SANDBOXRUN_BWRAP": "/nonexistent/bwrap"})
+    line = next(x for x in proc.stdout.splitlines() if "bubblewrap" in x)
+    assert "unavailable" in line and "apt-get install bubblewrap" in line
+    pg = next(x for x in proc.stdout.splitlines() if x.startswith("process-group"))
+    assert "network-none" not in pg and "landlock" in pg
 
 
 def test_stalled_terminal_does_not_stall_the_deadline(workspace: Path) -> None:
