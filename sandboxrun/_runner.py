@@ -396,6 +396,13 @@ def main() -> None:
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write(f"sandboxrun runner: prctl failed: {os.strerror(ctypes.get_errno())}\n")
         sys.exit(3)
+    # PID 1 of the sandbox receives only the signals it has handlers for: a command's
+    # `kill -INT 1` must not raise KeyboardInterrupt here and end every run. Handlers (not
+    # SIG_IGN, which an exec would pass on to the commands) that do nothing.
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(number, lambda *_: None)
+    for number in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(number, lambda *_: None)
     plan = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     if not plan.pop("holder", False):  # commands of the same uid cannot read our memory
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)

@@ -234,8 +234,11 @@ def _judge_path(
         f"the sandbox refused {what} {path} {where} (policy {policy.access}); "
         f"{_allowed(policy, wider)}"
     )
+    # The evidence is the command's own output: never offer to drop every layer on its word
+    # (an untrusted program could print the line to ask for its own escape).
+    offer = None if wider is None or wider.access == "danger-full-access" else wider
     return Denial(
-        kind="filesystem", evidence=evidence_line(line), message=message, escalate_to=wider
+        kind="filesystem", evidence=evidence_line(line), message=message, escalate_to=offer
     )
 
 

@@ -62,6 +62,19 @@ SECRET_PATHS = (
 )
 """Masked (shown empty) in every home directory the command could otherwise read."""
 
+ROOT_SECRETS = (
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/var/lib/docker",
+)
+"""Masked too when the command runs as root (it could read them: uid 0 owns them)."""
+
 SOCKET_DIRS = ("/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm")
 """Where host daemons keep their unix sockets; each is empty (or private) inside."""
 
@@ -105,12 +118,8 @@ class HostSupport:
                 names.append("read-only-workspace")
         if os.geteuid() != 0:
             names.append("non-root")
-        if self.landlock_abi:
-            names.append("landlock")
-            if not self.bwrap:  # Landlock alone still makes everything but the workspace
-                names.append("read-only-root")  # and the private tmp read-only
-                if policy.access == "read-only":
-                    names.append("read-only-workspace")
+        if self.landlock_abi:  # alone it limits writes, but not reads or connect() to a
+            names.append("landlock")  # host socket: it never stands for read-only-root
         if self.seccomp:
             names.append("seccomp")
         names.append("no-new-privileges")
@@ -175,6 +184,21 @@ class LocalPlan:
             "seccomp": self.support.seccomp,
         }
 
+    def shown_tools(self) -> list[Path]:
+        """The PATH-prepend directories to show read-only inside: those a private directory
+        would hide, but never ``/run`` (daemon sockets) or a directory holding a hidden one."""
+        hidden = [Path(os.path.realpath(d)) for d in SOCKET_DIRS]
+        shown = []
+        for tool in self.tools:
+            real = Path(os.path.realpath(tool))
+            if not real.is_dir() or real.is_relative_to(self.workspace):
+                continue
+            if any(d.is_relative_to(real) for d in hidden) or real.is_relative_to("/run"):
+                continue
+            if any(real.is_relative_to(d) for d in hidden):
+                shown.append(real)
+        return shown
+
     def command_env(self, env: Mapping[str, str], explicit: frozenset[str]) -> dict[str, str]:
         """The command's environment inside: a private ``HOME`` and ``TMPDIR`` unless given."""
         out = dict(env)
@@ -188,6 +212,8 @@ class LocalPlan:
         found: list[Path] = []
         for home in self.homes:
             found += [home / rel for rel in SECRET_PATHS]
+        if os.geteuid() == 0:
+            found += [Path(p) for p in ROOT_SECRETS]
         return [*found, *self.extra_masks, *self.env_sockets]
 
     def bwrap_argv(self, command: list[str]) -> list[str]:
@@ -210,18 +236,18 @@ class LocalPlan:
                 argv += ["--tmpfs", path]
         argv += ["--remount-ro", "/run"] if os.path.isdir("/run") else []
         argv += ["--dir", SANDBOX_HOME]
-        for tool in self.tools:
-            if os.path.isdir(tool) and not tool.is_relative_to(self.workspace):
-                argv += ["--ro-bind", str(tool), str(tool)]
+        for tool in self.shown_tools():
+            argv += ["--ro-bind", str(tool), str(tool)]
         workspace = str(self.workspace)
         argv += ["--bind" if self.policy.access != "read-only" else "--ro-bind"]
         argv += [workspace, workspace]
+        shown = [self.workspace, *self.shown_tools()]
         for secret in self.masked_paths():  # after the workspace: a secret in it stays masked
-            argv += mask_args(secret, self.workspace)
+            argv += mask_args(secret, self.workspace, shown)
         return [*argv, "--", *command]
 
 
-def mask_args(path: Path, workspace: Path) -> list[str]:
+def mask_args(path: Path, workspace: Path, shown: list[Path] | None = None) -> list[str]:
     """bwrap arguments that show ``path`` empty: an empty read-only directory, or
     ``/dev/null`` over a file or socket. Nothing for a missing path, or one that holds the
     workspace (the caller asked for that directory)."""
@@ -233,7 +259,8 @@ def mask_args(path: Path, workspace: Path) -> list[str]:
     if real == workspace or workspace.is_relative_to(real) or real == Path("/"):
         return []
     hidden = [Path(os.path.realpath(d)) for d in SOCKET_DIRS]
-    if any(real.is_relative_to(d) for d in hidden) and not real.is_relative_to(workspace):
+    exposed = any(real.is_relative_to(d) for d in shown or [workspace])
+    if any(real.is_relative_to(d) for d in hidden) and not exposed:
         return []  # already private or empty inside
     target = str(real)
     if stat.S_ISDIR(mode):
@@ -355,10 +382,8 @@ def verified_layers(
             ok = name in applied
         elif plan.namespaces:
             ok = ns_ok or name == "non-root"
-        elif name in ("read-only-root", "read-only-workspace"):
-            ok = "landlock" in applied
         else:
-            ok = True
+            ok = name == "non-root"
         if ok:
             layers.append(name)
     return layers

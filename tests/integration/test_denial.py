@@ -84,8 +84,10 @@ def test_write_outside_the_workspace_is_a_filesystem_denial(
     assert not target.exists()
     assert result.denial is not None, result.stderr
     assert result.denial.kind == "filesystem"
-    assert result.denial.escalate_to == Policy(access="danger-full-access")
+    # never offered on the word of the command's own output (it could print the line itself)
+    assert result.denial.escalate_to is None
     assert "outside the workspace" in result.denial.message
+    assert "danger-full-access" in result.denial.message
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root could write /etc on the host")
@@ -110,7 +112,7 @@ def test_touch_etc_in_a_container_is_a_filesystem_denial(workspace: Path) -> Non
     result = run(workspace, "docker", Policy(), shell="touch /etc/x")
     assert result.denial is not None
     assert result.denial.evidence == "touch: cannot touch '/etc/x': Read-only file system"
-    assert result.denial.escalate_to == Policy(access="danger-full-access")
+    assert result.denial.escalate_to is None
 
 
 def test_network_under_network_none_is_a_network_denial(workspace: Path, backend: str) -> None:

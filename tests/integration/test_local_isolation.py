@@ -398,3 +398,68 @@ def test_sigkill_of_owner_and_supervisor_leaves_nothing(ws: Path, backend: str) 
             owner.stdout.close()
         for proc in processes_with_arg(token):
             proc.kill()
+
+
+def test_signalling_the_supervisor_ends_no_run(ws: Path, backend: str) -> None:
+    """PID 1 inside is the sandbox's supervisor: a command's signals must not end it (and with
+    it every other run of the sandbox)."""
+
+    async def go() -> tuple[ExecResult, ExecResult, ExecResult]:
+        async with Sandbox(ws, backend=backend, limits=Limits(timeout_s=20)) as sb:
+            results: list[ExecResult] = []
+
+            async def sibling() -> None:
+                results.append(await sb.exec(shell="sleep 1.5; echo sibling-done"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sibling)
+                await anyio.sleep(0.3)
+                signals = "INT TERM HUP QUIT USR1 USR2 ALRM"
+                attack = await sb.exec(shell=f"for s in {signals}; do kill -$s 1; done; echo sent")
+            later = await sb.exec(shell="echo later")
+            return attack, results[0], later
+
+    attack, sibling, later = anyio.run(go)
+    assert "sent" in attack.stdout
+    assert sibling.ok and "sibling-done" in sibling.stdout, sibling
+    assert later.ok and later.stdout == "later\n", later
+
+
+def test_without_namespaces_network_on_is_still_refused(ws: Path) -> None:
+    """Landlock alone limits writes, not reads or connect(): it never stands for read-only-root,
+    so even `--network on` is refused where bubblewrap cannot run."""
+    require_backend("process-group")
+    seam = {"SANDBOXRUN_BWRAP": "/nonexistent/bwrap"}
+    done = cli("-b", "process-group", "--network", "on", "-w", str(ws), "--", "true", env=seam)
+    assert done.returncode == 125, done
+    assert "read-only-root" in done.stderr
+
+
+def test_path_prepend_cannot_reexpose_host_sockets(ws: Path) -> None:
+    require_backend("process-group")
+    (ws / "c.py").write_text(CONNECT_UNIX)
+    path = Path("/run") / f"sandboxrun-test-{secrets.token_hex(4)}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+    try:
+        for prepend in ("/run", "/var/run", "/"):
+            done = cli(
+                "--json",
+                "-b",
+                "process-group",
+                "--path-prepend",
+                prepend,
+                "-w",
+                str(ws),
+                "--",
+                PY,
+                "c.py",
+                str(path),
+            )
+            result = json.loads(done.stdout)
+            assert "CONNECTED" not in result["stdout"], prepend
+            assert "sockets-masked" in result["isolation"]
+    finally:
+        server.close()
+        path.unlink()
