@@ -21,7 +21,7 @@ import anyio.to_thread
 import docker.errors
 from docker import DockerClient
 
-from sandboxrun import dockerapi, proctree
+from sandboxrun import docker_seccomp, dockerapi, proctree
 from sandboxrun.argv import shell_argv, wrapped_argv
 from sandboxrun.backends import Probe, docker_cgroup
 from sandboxrun.backends import docker_config as cfg
@@ -68,8 +68,12 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
         return Probe("docker", False, f"cannot inspect image {image}: {exc}", ())
     finally:
         client.close()
+    # What a docker sandbox can give, whatever the policy and limits asked (a sandbox's own
+    # ``isolation`` says what it does give: e.g. only the limits its cgroup really shows).
     default_user = cfg.parse_user(None)
-    return Probe("docker", True, None, tuple(cfg.isolation(Policy(), Limits(), default_user)))
+    every = Policy(access="read-only"), Limits(cpus=1)  # asks for every guarantee
+    enforced = cfg.isolation(every[0], every[1], default_user, seccomp=True)
+    return Probe("docker", True, None, tuple(enforced))
 
 
 def main_processes(init_pid: int, wait_s: float = 10.0) -> frozenset[int]:
@@ -107,7 +111,17 @@ class DockerBackend:
         self.policy = policy
         self.limits = limits
         self.image = image or BASE_IMAGE
-        self.user = cfg.parse_user(user)
+        owner: tuple[int, int] | None = None
+        if user is None and os.geteuid() == 0:  # root runs the command as the owner, if not root
+            try:
+                st = workspace.root.stat()
+                owner = (st.st_uid, st.st_gid)
+            except OSError:
+                owner = None
+        self.user = cfg.parse_user(user, owner=owner)
+        self.seccomp = True
+        """Whether containers get sandboxrun's seccomp profile (False once the engine said it
+        cannot apply one: they then get the engine's default and ``isolation`` says so)."""
         self.shell = "bash" if image is None else "sh"
         self.client: DockerClient | None = None
         self.container_id: str | None = None
@@ -130,23 +144,22 @@ class DockerBackend:
         await anyio.to_thread.run_sync(self._open_sync)
 
     def _open_sync(self) -> None:
-        self.client = dockerapi.connect()
-        api = self.client.api
-        config = cfg.host_config(
-            workspace=self.workspace.root,
-            policy=self.policy,
-            limits=self.limits,
-            image=self.image,
-            user=self.user,
-            lbls=cfg.labels(self.workspace.root),
-        )
-        host = api.create_host_config(**config.pop("host_config"))
-        created = dockerapi.once(
-            lambda: api.create_container(host_config=host, **config),
-            what="create the sandbox container",
-        )
-        cid = self.container_id = str(created["Id"])
-        dockerapi.retrying(lambda: api.start(cid), what="start the sandbox container")
+        client = self.client = dockerapi.connect()
+        cid = self._create()
+        if not self._start(cid):
+            self.seccomp = False
+            log.warning(
+                "sandboxrun: the docker engine cannot apply a seccomp profile: the sandbox runs "
+                "under its default (`seccomp` is not in isolation)"
+            )
+            self.container_id = None
+            error = dockerapi.remove_container(
+                client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
+            )
+            if error is not None:
+                self._left_behind(cid, error)
+            cid = self._create()
+            self._start(cid)
         state = self.inspect_state()
         if not state.get("Running"):
             raise BackendError(f"the sandbox container did not start: {state}")
@@ -158,6 +171,43 @@ class DockerBackend:
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
             self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
+
+    def _create(self) -> str:
+        assert self.client is not None
+        api = self.client.api
+        config = cfg.host_config(
+            workspace=self.workspace.root,
+            policy=self.policy,
+            limits=self.limits,
+            image=self.image,
+            user=self.user,
+            lbls=cfg.labels(self.workspace.root),
+            seccomp=docker_seccomp.profile_json() if self.seccomp else None,
+        )
+        host = api.create_host_config(**config.pop("host_config"))
+        created = dockerapi.once(
+            lambda: api.create_container(host_config=host, **config),
+            what="create the sandbox container",
+        )
+        cid = self.container_id = str(created["Id"])
+        return cid
+
+    def _start(self, cid: str) -> bool:
+        """Start the container: False (at once, no retry) when the engine cannot apply the
+        seccomp profile it was given."""
+        assert self.client is not None
+        api = self.client.api
+
+        def start() -> bool:
+            try:
+                api.start(cid)
+            except docker.errors.APIError as exc:
+                if self.seccomp and cfg.seccomp_unsupported(str(exc)):
+                    return False
+                raise
+            return True
+
+        return dockerapi.retrying(start, what="start the sandbox container")
 
     def dying(self) -> bool:
         """Whether the container's own processes (init, main) are gone: read from /proc, so it
@@ -206,7 +256,9 @@ class DockerBackend:
 
     # -- commands ---------------------------------------------------------------------------
     def isolation(self, request: ExecRequest) -> list[str]:
-        return cfg.isolation(self.policy, self.limits, self.user, shown=self.limits_shown)
+        return cfg.isolation(
+            self.policy, self.limits, self.user, shown=self.limits_shown, seccomp=self.seccomp
+        )
 
     def command(self, request: ExecRequest) -> list[str]:
         if request.script is not None:

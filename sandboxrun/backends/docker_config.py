@@ -118,10 +118,14 @@ _USER = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
 MAX_ID = 2**31 - 1  # the engine refuses larger ids
 
 
-def parse_user(user: str | None) -> str:
+def parse_user(user: str | None, *, owner: tuple[int, int] | None = None) -> str:
     """``UID[:GID]`` (decimal numbers), normalized (``007`` -> ``7:7``); default: the invoking
-    user's uid:gid."""
+    user's uid:gid, except that a root invoker's command runs as ``owner`` (the workspace
+    root's uid and gid) when that is not root: a uid-0 command could leave root-owned files
+    behind in someone's workspace."""
     if user is None:
+        if os.geteuid() == 0 and owner is not None and 0 < owner[0] <= MAX_ID:
+            return f"{owner[0]}:{owner[1] if owner[1] <= MAX_ID else owner[0]}"
         return f"{os.getuid()}:{os.getgid()}"
     match = _USER.fullmatch(user)
     if match is None:
@@ -134,14 +138,23 @@ def parse_user(user: str | None) -> str:
 
 
 def host_config(
-    *, workspace: Path, policy: Policy, limits: Limits, image: str, user: str, lbls: dict[str, str]
+    *,
+    workspace: Path,
+    policy: Policy,
+    limits: Limits,
+    image: str,
+    user: str,
+    lbls: dict[str, str],
+    seccomp: str | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``APIClient.create_container`` / ``create_host_config``: hardened."""
+    """Keyword arguments of ``APIClient.create_container`` / ``create_host_config``: hardened.
+    ``seccomp``: the seccomp profile's JSON text (``docker_seccomp.profile_json``), or None for
+    the engine's default profile."""
     memory = limits.memory_bytes or DEFAULT_MEMORY
     host: dict[str, Any] = {
         "init": True,
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        "security_opt": ["no-new-privileges", *([f"seccomp={seccomp}"] if seccomp else [])],
         "read_only": True,
         "tmpfs": {"/tmp": TMPFS_OPTS, HOME: TMPFS_OPTS},  # noqa: S108 - inside the container
         "pids_limit": limits.pids or DEFAULT_PIDS,
@@ -172,16 +185,34 @@ def host_config(
     }
 
 
+SECCOMP_UNSUPPORTED = (
+    "seccomp is not enabled",  # a kernel without seccomp (the daemon's own words)
+    "seccomp profiles are not supported",  # a daemon built without it
+)
+"""What an engine that cannot apply a seccomp profile answers to one (at container start)."""
+
+
+def seccomp_unsupported(message: str) -> bool:
+    """Whether an engine's error says it cannot apply any seccomp profile (not: this one)."""
+    return any(words in message for words in SECCOMP_UNSUPPORTED)
+
+
 LIMIT_NAMES = ("cpu-limit", "memory-limit", "pids-limit")
 UNLIMITED_MEMORY = 1 << 62
 """cgroup v1 shows "no memory limit" as a huge number (PAGE_COUNTER_MAX pages)."""
 
 
 def isolation(
-    policy: Policy, limits: Limits, user: str, *, shown: set[str] | None = None
+    policy: Policy,
+    limits: Limits,
+    user: str,
+    *,
+    shown: set[str] | None = None,
+    seccomp: bool = False,
 ) -> list[str]:
     """What the container enforces. ``shown``: the limits its cgroup really shows (None: not
-    known, e.g. a remote engine; the configured limits are listed)."""
+    known, e.g. a remote engine; the configured limits are listed). ``seccomp``: whether
+    sandboxrun's seccomp profile was applied."""
     enforced = ["container", "descendant-sweep", "read-only-root"]
     if policy.access == "read-only":
         enforced.append("read-only-workspace")
@@ -189,6 +220,8 @@ def isolation(
         enforced.append("network-none")
     if int(user.split(":")[0]) != 0:
         enforced.append("non-root")
+    if seccomp:
+        enforced.append("seccomp")
     enforced += ["memory-limit", "pids-limit"]
     if limits.cpus is not None:
         enforced.append("cpu-limit")

@@ -196,12 +196,16 @@ async def test_limits_an_engine_dropped_are_not_listed(
 ) -> None:
     with EngineProxy(tmp_path / "proxy.sock", strip_limits=True):
         monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'proxy.sock'}")
-        async with Sandbox(workspace, backend="docker", limits=LIMITED) as sb:
+        with pytest.raises(PolicyRefusedError, match="cpu-limit"):  # fail closed by default
+            async with Sandbox(workspace, backend="docker", limits=LIMITED) as sb:
+                await sb.exec(["true"])
+        degraded = Policy(allow_degraded=True)
+        async with Sandbox(workspace, backend="docker", limits=LIMITED, policy=degraded) as sb:
             result = await sb.exec(shell=CGROUP_VIEW)
         assert result.stdout.strip() in ("-1", "max")  # really no CPU limit
         assert not {"cpu-limit", "memory-limit", "pids-limit"} & set(result.isolation)
         assert set(result.missing_guarantees) >= {"cpu-limit", "memory-limit", "pids-limit"}
-        strict = Policy(strict=True)
+        strict = Policy(strict=True, allow_degraded=True)
         with pytest.raises(PolicyRefusedError, match="cpu-limit"):
             async with Sandbox(workspace, backend="docker", limits=LIMITED, policy=strict) as sb:
                 await sb.exec(["true"])
