@@ -14,8 +14,9 @@ closes ``HOLD_FD``, so that the scope's cgroup (and its OOM and CPU accounting) 
 the command's last process has exited; systemd removes an emptied scope within milliseconds.
 
 argv: ``_launcher.py SPEC_FD STATUS_FD STDIN_FD STDOUT_FD STDERR_FD HOLD_FD [PLAN_FD]``. With
-``PLAN_FD`` (a memfd holding ``{"ns_pid": N, "confine": {...}}``) the launcher joins the
-namespaces of the sandbox's holder (PID 1 of them, host pid ``N``), forks the command there and
+``PLAN_FD`` (a memfd: ``systemd_config.encode_plan``) the launcher joins the
+namespaces of the sandbox's holder (PID 1 of them: a pidfd of it is passed too, its number in
+the plan), forks the command there and
 mirrors its end (``mirror``); the command confines itself first (``_confine.apply``). Frames on the
 status fd are a NUL byte, one JSON object and a newline: ``{"op": "launched", "cgroup": "<text
 of /proc/self/cgroup>", "keeper": PID}`` then, on failure, ``{"op": "spawn_error", "errno": N,
@@ -73,6 +74,31 @@ def decode_spec(data: bytes) -> tuple[bytes, list[bytes], dict[bytes, bytes]]:
         key, _, value = item.partition(b"=")
         env[key] = value
     return cwd, argv, env
+
+
+def decode_plan(data: bytes) -> dict[str, object]:
+    """The plan from the memfd's bytes (see ``systemd_config.encode_plan``)."""
+    parts = [os.fsdecode(p) for p in data.split(b"\0")]
+    ns_fd = int(parts[0]) if parts[0] else 0
+    at = 1
+    count = int(parts[at])
+    extra = parts[at + 1 : at + 1 + count]
+    at += 1 + count
+    flags = parts[at].split()
+    at += 1
+    count = int(parts[at])
+    dirs = parts[at + 1 : at + 1 + count]
+    at += 1 + count
+    count = int(parts[at])
+    files = parts[at + 1 : at + 1 + count]
+    landlock = (
+        {"dirs": dirs, "files": files, "deny_tcp": "deny_tcp" in flags}
+        if "landlock" in flags
+        else None
+    )
+    confine = {"drop_caps": "drop_caps" in flags, "seccomp": "seccomp" in flags}
+    confine["landlock"] = landlock  # type: ignore[assignment]
+    return {"ns_fd": ns_fd, "ns_extra": extra, "confine": confine}
 
 
 def read_all(fd: int) -> bytes:
@@ -148,13 +174,12 @@ def enter_sandbox(plan: dict[str, object]) -> None:
     children forked after it)."""
     import ctypes
 
-    holder = int(plan["ns_pid"])  # type: ignore[call-overload]
+    pidfd = int(plan["ns_fd"])  # type: ignore[call-overload]
     flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
     extra = plan.get("ns_extra") or ()  # which of user/net the holder has its own of
     for kind, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET)):
         if kind in extra:  # type: ignore[operator]
             flags |= flag
-    pidfd = os.pidfd_open(holder)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.setns(pidfd, flags) != 0:
         err = ctypes.get_errno()
@@ -197,10 +222,8 @@ def main() -> None:
     passed = [int(x) for x in sys.argv[1:7]]
     plan: dict[str, object] = {}
     if len(sys.argv) > 7:  # a confined sandbox: its plan in a memfd (see isolation.py)
-        import json
-
         plan_fd = int(sys.argv[7])
-        plan = json.loads(read_all(plan_fd))
+        plan = decode_plan(read_all(plan_fd))
         os.close(plan_fd)
     # move every passed fd above the stdio range first: one of them may be 0, 1 or 2
     spec_fd, status_fd, in_fd, out_fd, err_fd, hold_fd = (
@@ -228,7 +251,7 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if plan:
         try:
-            if plan.get("ns_pid"):
+            if plan.get("ns_fd"):
                 enter_sandbox(plan)
                 child = os.fork()
                 if child:

@@ -8,7 +8,6 @@ files, per run); it cannot make the file system read-only or cut the network.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -180,6 +179,7 @@ class SystemdScopeBackend:
             else local_plan(policy, workspace, tools=tools)
         )
         self._holder: RunnerClient | None = None
+        self._holder_pidfd: int | None = None
         """The sandbox's namespace holder: PID 1 of its namespaces, which every run joins."""
         self._layers: list[str] = []
         self.mode: cfg.Mode = mode or manager_mode()
@@ -225,29 +225,37 @@ class SystemdScopeBackend:
             holder = RunnerClient(plan, holder=True)
             await holder.start()
             self._holder = holder
-            self._layers = verified_layers(
-                plan, holder.inner_pid(), holder.layers, holder.namespaces
-            )
+            inner = holder.inner_pid()
+            self._layers = verified_layers(plan, inner, holder.layers, holder.namespaces)
+            if inner is not None:  # runs join through this pidfd: never a reused pid
+                self._holder_pidfd = os.pidfd_open(inner)
         else:  # Landlock and seccomp only: each launcher applies them (probed, not verified)
             self._layers = list(plan.support.layers(plan.policy))
 
-    def plan_memfd(self) -> int | None:
-        """The launcher's plan (``_launcher.py`` PLAN_FD), or None for an unconfined run."""
+    def plan_fds(self) -> tuple[int, ...]:
+        """The launcher's plan memfd (``_launcher.py`` PLAN_FD) and, under namespaces, a pidfd
+        of the holder (HOLDER_FD); none for an unconfined run. The caller owns them."""
         plan = self._plan
         if plan is None or plan.off:
-            return None
-        ns_pid = self._holder.inner_pid() if self._holder is not None else None
-        if plan.namespaces and ns_pid is None:
-            raise BackendError("the sandbox's namespace holder is gone")
+            return ()
+        ns_fd = None
+        if plan.namespaces:
+            if self._holder_pidfd is None:
+                raise BackendError("the sandbox's namespace holder is gone")
+            ns_fd = os.dup(self._holder_pidfd)
         extra = []
         if self._holder is not None:
             for kind in ("user", "net"):
                 theirs = self._holder.namespaces.get(kind)
                 if theirs is not None and theirs != Path(f"/proc/self/ns/{kind}").stat().st_ino:
                     extra.append(kind)
-        plan_data = {"ns_pid": ns_pid, "ns_extra": extra, "confine": plan.confine()}
-        data = json.dumps(plan_data).encode()
-        return _memfd("sandboxrun-plan", data)
+        try:
+            data = cfg.encode_plan(ns_fd, extra, plan.confine())
+            return (_memfd("sandboxrun-plan", data),) + (() if ns_fd is None else (ns_fd,))
+        except BaseException:
+            if ns_fd is not None:
+                os.close(ns_fd)
+            raise
 
     def _watch(self, line: str) -> None:
         """Tell the watchdog about a unit (``+unit`` before launch, ``-unit`` once empty)."""
@@ -268,6 +276,9 @@ class SystemdScopeBackend:
     async def close(self) -> None:
         """Every exec empties its scope before it returns; a scope that could not be emptied
         is still registered, and the watchdog stops it when its stdin closes here."""
+        if self._holder_pidfd is not None:
+            os.close(self._holder_pidfd)
+            self._holder_pidfd = None
         holder, self._holder = self._holder, None
         if holder is not None:
             with anyio.CancelScope(shield=True):
@@ -340,11 +351,9 @@ class SystemdScopeBackend:
             fds += [hold_r, hold_w]
             spec_fd = _spec_memfd(request, self._plan)
             fds.append(spec_fd)
-            plan_fd = self.plan_memfd()
-            child_fds: tuple[int, ...] = (spec_fd, status_w, in_r, out_w, err_w, hold_r)
-            if plan_fd is not None:
-                fds.append(plan_fd)
-                child_fds += (plan_fd,)
+            plan_fds = self.plan_fds()
+            fds += plan_fds
+            child_fds = (spec_fd, status_w, in_r, out_w, err_w, hold_r, *plan_fds)
             inner = [sys.executable, "-I", "-S", "-B", LAUNCHER, *map(str, child_fds)]
             argv = self._systemd_run_argv(request, inner)
             unit = cfg.unit_name(request.run_id)

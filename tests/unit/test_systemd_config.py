@@ -285,3 +285,46 @@ def test_launcher_frames_are_json(text: str) -> None:
 
     assert json.loads(json_text(text)) == text
     assert json_text(text).isascii()
+
+
+@pytest.mark.parametrize(
+    ("ns_pid", "extra", "confine"),
+    [
+        (
+            4242,
+            ["user", "net"],
+            {
+                "drop_caps": True,
+                "seccomp": True,
+                "landlock": {
+                    "dirs": ["/work space", "/tmp", "/dév/ünï"],
+                    "files": ["/dev/null", "/dev/tty"],
+                    "deny_tcp": False,
+                },
+            },
+        ),
+        (None, [], {"drop_caps": True, "seccomp": False, "landlock": None}),
+        (
+            7,
+            ["net"],
+            {
+                "drop_caps": False,
+                "seccomp": True,
+                "landlock": {"dirs": [], "files": [], "deny_tcp": True},
+            },
+        ),
+    ],
+)
+def test_launcher_plan_round_trip(
+    ns_pid: int | None, extra: list[str], confine: dict[str, object]
+) -> None:
+    from sandboxrun._launcher import decode_plan
+
+    plan = decode_plan(cfg.encode_plan(ns_pid, extra, confine))
+    assert plan == {"ns_fd": ns_pid or 0, "ns_extra": extra, "confine": confine}
+
+
+def test_launcher_plan_refuses_nul() -> None:
+    landlock = {"dirs": ["/a\0b"], "files": [], "deny_tcp": False}
+    with pytest.raises(ValueError, match="NUL"):
+        cfg.encode_plan(1, [], {"landlock": landlock})
