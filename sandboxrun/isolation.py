@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,8 +346,16 @@ def local_plan(
         support=probe_host(),
         extra_masks=tuple(Path(os.path.abspath(p)) for p in policy.mask),
         env_sockets=env_sockets(host_env),
-        tools=tuple(Path(os.path.abspath(t)) for t in tools),
+        tools=tuple(Path(os.path.abspath(t)) for t in (*tools, *runtime_dirs())),
     )
+
+
+def runtime_dirs() -> tuple[str, ...]:
+    """Where sandboxrun itself runs from (the supervisor is this Python and this package):
+    shown read-only inside even under a private directory (a virtualenv or a checkout in
+    ``/tmp``), as a ``--path-prepend`` directory would be."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    return (sys.prefix, os.path.dirname(os.path.realpath(sys.executable)), package)
 
 
 def _ns_differs(pid: int, kind: str, reported: Mapping[str, int]) -> bool:

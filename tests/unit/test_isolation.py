@@ -1,0 +1,140 @@
+"""The local isolation plan (pure parts): layers claimed, bubblewrap argv, masks, tools."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandboxrun.isolation import (
+    SANDBOX_HOME,
+    HostSupport,
+    LocalPlan,
+    mask_args,
+    runtime_dirs,
+)
+from sandboxrun.models import Limits, Policy, required_guarantees
+
+FULL = HostSupport("/usr/bin/bwrap", None, 7, True)
+NO_BWRAP = HostSupport(None, "bubblewrap is not installed (apt-get install bubblewrap)", 7, True)
+
+
+def plan(tmp_path: Path, support: HostSupport = FULL, **policy: object) -> LocalPlan:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    return LocalPlan(Policy(**policy), ws, (tmp_path / "home",), support)
+
+
+def test_full_support_gives_every_default_guarantee() -> None:
+    layers = FULL.layers(Policy())
+    assert set(required_guarantees(Policy(), Limits())) <= set(layers)
+    assert "read-only-workspace" not in layers
+    assert "read-only-workspace" in FULL.layers(Policy(access="read-only"))
+    assert "network-none" not in FULL.layers(Policy(network="on"))
+    assert FULL.layers(Policy(access="danger-full-access")) == ()
+
+
+@pytest.mark.parametrize("network", ["none", "on"])
+def test_landlock_alone_never_stands_for_a_read_only_root(network: str) -> None:
+    layers = NO_BWRAP.layers(Policy(network=network))
+    assert "landlock" in layers and "seccomp" in layers
+    assert "read-only-root" not in layers and "network-none" not in layers
+    assert "network-none" in NO_BWRAP.why_not(["network-none"]) or "bubblewrap" in NO_BWRAP.why_not(
+        ["network-none"]
+    )
+
+
+def test_confine_plan_per_policy(tmp_path: Path) -> None:
+    confine = plan(tmp_path).confine()
+    landlock = confine["landlock"]
+    assert isinstance(landlock, dict)
+    assert str(tmp_path / "ws") in landlock["dirs"] and "/tmp" in landlock["dirs"]
+    assert landlock["deny_tcp"] is False  # the network namespace cuts the network
+    ro = plan(tmp_path, access="read-only").confine()["landlock"]
+    assert isinstance(ro, dict) and str(tmp_path / "ws") not in ro["dirs"]
+    alone = plan(tmp_path, NO_BWRAP).confine()["landlock"]
+    assert isinstance(alone, dict) and alone["deny_tcp"] is True and "/tmp" not in alone["dirs"]
+    assert plan(tmp_path, access="danger-full-access").confine() == {}
+
+
+def test_bwrap_argv_order_and_workspace(tmp_path: Path) -> None:
+    argv = plan(tmp_path).bwrap_argv(["python", "runner"])
+    ws = str(tmp_path / "ws")
+    assert argv[-3:] == ["--", "python", "runner"]
+    assert "--unshare-net" in argv and "--unshare-pid" in argv and "--as-pid-1" in argv
+    assert ("--cap-drop" in argv) == (os.geteuid() == 0)
+    bind = argv.index("--bind")
+    assert argv[bind + 1 : bind + 3] == [ws, ws]
+    assert argv.index("--tmpfs") < bind  # the private /tmp comes before the workspace in it
+    ro = plan(tmp_path, access="read-only").bwrap_argv(["x"])
+    assert ["--ro-bind", ws, ws] == ro[ro.index(ws) - 1 : ro.index(ws) + 2]
+    assert "--unshare-net" not in plan(tmp_path, network="on").bwrap_argv(["x"])
+
+
+def test_secret_in_home_is_masked_after_the_workspace(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    home = ws / "home"  # visible inside (the workspace): its secrets must be masked
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".netrc").write_text("machine x password y")
+    hidden_home = tmp_path / "elsewhere"  # under the private /tmp: hidden already
+    (hidden_home / ".ssh").mkdir(parents=True)
+    argv = LocalPlan(Policy(), ws, (home, hidden_home), FULL).bwrap_argv(["x"])
+    ssh_at = argv.index(str(home / ".ssh"))
+    assert argv[ssh_at - 1] == "--tmpfs" and argv.index("--bind") < ssh_at
+    netrc = argv.index(str(home / ".netrc"))
+    assert argv[netrc - 2 : netrc] == ["--ro-bind", "/dev/null"]
+    assert str(hidden_home / ".ssh") not in argv
+
+
+def test_mask_args(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    secret = ws / "secret.txt"
+    secret.write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(secret)
+    assert mask_args(tmp_path / "missing", ws) == []
+    assert mask_args(tmp_path, ws) == []  # it holds the workspace: the caller asked for it
+    assert mask_args(ws, ws) == []
+    assert mask_args(link, ws) == ["--ro-bind", "/dev/null", str(secret)]  # where it points
+    assert mask_args(ws / "sub", ws) == [
+        "--tmpfs",
+        str(ws / "sub"),
+        "--remount-ro",
+        str(ws / "sub"),
+    ]
+
+
+def test_tools_under_private_dirs_are_shown_but_never_the_socket_dirs(tmp_path: Path) -> None:
+    tool = tmp_path / "tools"  # under /tmp (pytest's tmp_path)
+    tool.mkdir()
+    base = plan(tmp_path)
+    shown = LocalPlan(
+        base.policy,
+        base.workspace,
+        base.homes,
+        FULL,
+        tools=(tool, Path("/run"), Path("/var/run"), Path("/"), Path("/var"), Path("/usr/bin")),
+    ).shown_tools()
+    assert Path(os.path.realpath(tool)) in shown
+    for refused in ("/run", "/", "/var"):
+        assert Path(refused) not in shown
+    assert Path("/usr/bin") not in shown  # already visible (read-only root): no bind needed
+
+
+def test_sandboxrun_itself_stays_runnable_from_a_private_dir() -> None:
+    dirs = runtime_dirs()
+    assert sys.prefix in dirs
+    assert os.path.dirname(os.path.realpath(sys.executable)) in dirs
+    assert any(Path(d, "_runner.py").exists() for d in dirs)
+
+
+def test_private_home_and_tmpdir_unless_given(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    env = p.command_env({"HOME": "/root", "TMPDIR": "/var/x", "A": "b"}, frozenset())
+    assert env == {"HOME": SANDBOX_HOME, "TMPDIR": "/tmp", "A": "b"}
+    kept = p.command_env({"HOME": "/mine"}, frozenset({"HOME"}))
+    assert kept["HOME"] == "/mine"
+    assert plan(tmp_path, NO_BWRAP).command_env({"HOME": "/root"}, frozenset()) == {"HOME": "/root"}
