@@ -102,19 +102,40 @@ def test_unavailable_backend_exits_125(workspace: Path) -> None:
     assert time.monotonic() - start < 5  # "within a few seconds": the probe fails fast, no retry
 
 
+NO_BWRAP = {**os.environ, "SANDBOXRUN_BWRAP": "/nonexistent/bwrap"}
+"""A host where the local isolation layer has no namespaces (no bubblewrap)."""
+
+
 def test_strict_refuses_and_runs_nothing(workspace: Path) -> None:
     marker = workspace / "ran"
     proc = cli(
-        "run", "-w", str(workspace), "-b", "process-group", "--strict", "--", "touch", str(marker)
-    )
+        "run", "-w", str(workspace), "-b", "process-group", "--strict", "--allow-degraded",
+        "--", "touch", str(marker), env=NO_BWRAP,
+    )  # fmt: skip
     assert proc.returncode == 125
     assert "network-none" in proc.stderr
     assert "read-only-root" in proc.stderr
+    assert "--strict" in proc.stderr
     assert not marker.exists()
 
 
-def test_without_strict_missing_guarantees_are_one_warning(workspace: Path) -> None:
-    proc = cli("run", "-w", str(workspace), "-b", "process-group", "--", "echo", "hi")
+def test_missing_guarantees_refuse_by_default(workspace: Path) -> None:
+    marker = workspace / "ran"
+    proc = cli(
+        "run", "-w", str(workspace), "-b", "process-group", "--", "touch", str(marker),
+        env=NO_BWRAP,
+    )  # fmt: skip
+    assert proc.returncode == 125
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "--allow-degraded" in proc.stderr and "bubblewrap" in proc.stderr
+    assert not marker.exists()
+
+
+def test_allow_degraded_missing_guarantees_are_one_warning(workspace: Path) -> None:
+    proc = cli(
+        "run", "-w", str(workspace), "-b", "process-group", "--allow-degraded",
+        "--", "echo", "hi", env=NO_BWRAP,
+    )  # fmt: skip
     assert proc.returncode == 0
     assert proc.stdout == "hi\n"
     warnings = [line for line in proc.stderr.splitlines() if "cannot enforce" in line]

@@ -28,13 +28,15 @@ def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
 
 
-def cli_no_engine(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli_no_engine(
+    workspace: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``sandboxrun run -w WORKSPACE ARGS`` with the engine unreachable."""
     return subprocess.run(
         [*CLI, "run", "-w", str(workspace), *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "DOCKER_HOST": NO_ENGINE},
+        env={**os.environ, "DOCKER_HOST": NO_ENGINE, **(env or {})},
         timeout=30,
         check=False,
     )
@@ -78,11 +80,15 @@ async def test_fallback_never_happens_for_an_explicit_backend(workspace: Path) -
 
 def test_fallback_cli_strict_refuses_what_the_fallback_cannot_honour(workspace: Path) -> None:
     marker = workspace / "ran"
-    proc = cli_no_engine(workspace, "--strict", "--json", "--", "touch", str(marker))
-    assert proc.returncode == 125, proc.stderr
-    assert expected_fallback() in proc.stderr
-    assert "network-none" in proc.stderr
-    assert not marker.exists()
+    no_bwrap = {"SANDBOXRUN_BWRAP": "/nonexistent/bwrap"}  # no local namespaces either
+    for extra in ([], ["--allow-degraded"]):
+        proc = cli_no_engine(
+            workspace, "--strict", *extra, "--json", "--", "touch", str(marker), env=no_bwrap
+        )
+        assert proc.returncode == 125, proc.stderr
+        assert expected_fallback() in proc.stderr
+        assert "network-none" in proc.stderr
+        assert not marker.exists()
 
 
 def test_fallback_cli_json_says_which_backend_and_why(workspace: Path) -> None:

@@ -26,6 +26,7 @@ from sandboxrun.backends.systemd import (
 )
 from sandboxrun.errors import PolicyRefusedError
 from sandboxrun.housekeeping import list_scopes
+from sandboxrun.isolation import probe_host
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +77,8 @@ async def test_runs_in_its_own_named_scope_that_is_gone_afterwards(workspace: Pa
 @needs_systemd
 async def test_limits_are_applied_or_reported_missing(workspace: Path) -> None:
     limits = Limits(grace_s=0.5, memory_bytes=64 << 20, pids=40, cpus=0.5)
-    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+    degraded = Policy(allow_degraded=True)  # a user manager may not apply them: report it
+    async with Sandbox(workspace, backend="systemd-scope", limits=limits, policy=degraded) as sb:
         result = await sb.exec(shell="cat /proc/self/cgroup")
     wanted = {"memory-limit", "cpu-limit", "pids-limit"}
     assert result.status == "completed"
@@ -234,12 +236,19 @@ async def test_systemd_run_failure_is_sandbox_error_with_its_message(
 
 
 @needs_systemd
-async def test_strict_refuses_what_a_scope_cannot_give(workspace: Path) -> None:
-    async with Sandbox(
-        workspace, backend="systemd-scope", policy=Policy(access="read-only", strict=True)
-    ) as sb:
+async def test_strict_refuses_what_a_scope_cannot_give(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDBOXRUN_BWRAP", "/nonexistent/bwrap")  # no local namespaces here
+    probe_host.cache_clear()
+    try:
+        policy = Policy(access="read-only", strict=True, allow_degraded=True)
         with pytest.raises(PolicyRefusedError) as info:
-            await sb.exec(["true"])
+            async with Sandbox(workspace, backend="systemd-scope", policy=policy) as sb:
+                await sb.exec(["true"])
+    finally:
+        monkeypatch.undo()
+        probe_host.cache_clear()
     for missing in ("read-only-workspace", "read-only-root", "network-none"):
         assert missing in str(info.value)
 
