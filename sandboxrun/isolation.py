@@ -306,7 +306,13 @@ def probe_host() -> HostSupport:
     chosen = os.environ.get("SANDBOXRUN_BWRAP")  # another bubblewrap, or "" to go without
     found = shutil.which(chosen or "bwrap") if chosen != "" else None
     if found is None:
-        what = f"bubblewrap {chosen!r} is not found" if chosen else "bubblewrap is not installed"
+        what = (
+            "bubblewrap is turned off (SANDBOXRUN_BWRAP is empty)"
+            if chosen == ""
+            else f"bubblewrap {chosen!r} is not found"
+            if chosen
+            else "bubblewrap is not installed"
+        )
         return HostSupport(None, f"{what} (apt-get install bubblewrap)", abi, seccomp)
     trial = [found, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
     trial += ["--unshare-uts", "--as-pid-1"]

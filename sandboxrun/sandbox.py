@@ -14,7 +14,7 @@ import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Self
 
@@ -45,6 +45,20 @@ def check_encodable(value: str) -> None:
         raise ConfigError(f"{value!r} cannot be passed to a process: {exc.reason}") from None
 
 
+def check_mask(mask: str, root: Path) -> None:
+    """A ``mask`` path must be absolute-able, and may not hold the workspace (it could not be
+    hidden from a command that works in it)."""
+    check_encodable(mask)
+    if not mask or "\0" in mask:
+        raise ConfigError(f"invalid --mask {mask!r}: expected a path")
+    real = Path(os.path.realpath(mask))
+    if root.is_relative_to(real):
+        raise ConfigError(
+            f"invalid --mask {mask!r}: it holds the workspace {str(root)!r}, which the command "
+            "works in (mask a path inside it, or beside it)"
+        )
+
+
 def new_run_id() -> str:
     return secrets.token_hex(8)
 
@@ -69,6 +83,8 @@ class Sandbox:
     ) -> None:
         self.workspace = Workspace.open(workspace)
         self.policy = policy or Policy()
+        for mask in self.policy.mask:
+            check_mask(mask, self.workspace.root)
         self.limits = limits or Limits()
         self._requested = backend
         self._env = dict(env or {})

@@ -172,6 +172,7 @@ def host_config(
             )
         ],
     }
+    host["mounts"] += mask_mounts(workspace, policy.mask)
     if limits.cpus is not None:
         host["nano_cpus"] = int(limits.cpus * 1e9)
     return {
@@ -183,6 +184,23 @@ def host_config(
         "network_disabled": policy.network == "none",
         "host_config": host,
     }
+
+
+def mask_mounts(workspace: Path, masks: tuple[str, ...]) -> list[Mount]:
+    """``--mask`` inside the container: a masked directory of the workspace is an empty
+    read-only tmpfs, a masked file ``/dev/null`` (read-only). A path outside the workspace is
+    not in the container at all; a missing one is skipped."""
+    mounts = []
+    for mask in masks:
+        real = Path(os.path.realpath(mask))
+        if not real.is_relative_to(workspace) or real == workspace or not real.exists():
+            continue
+        target = str(CONTAINER_ROOT / real.relative_to(workspace))
+        if real.is_dir():
+            mounts.append(Mount(target=target, source=None, type="tmpfs", read_only=True))
+        else:
+            mounts.append(Mount(target=target, source="/dev/null", type="bind", read_only=True))
+    return mounts
 
 
 SECCOMP_UNSUPPORTED = (

@@ -78,3 +78,20 @@ def test_unavailable_engine_is_said_once(workspace: Path) -> None:
     assert "backend 'docker' is unavailable: no Docker engine socket" in proc.stderr
     doctor = cli("doctor", env=env)
     assert "is unavailable" not in doctor.stdout
+
+
+@pytest.mark.usefixtures("docker_ok")
+async def test_mask_inside_the_workspace_hides_it_in_the_container(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "creds").mkdir(parents=True)
+    (ws / "creds" / "key").write_text("PRIVATE-KEY")
+    (ws / "token.txt").write_text("TOKEN-VALUE")
+    (ws / "open.txt").write_text("VISIBLE")
+    masks = (str(ws / "creds"), str(ws / "token.txt"), str(tmp_path / "elsewhere"))
+    script = "ls -A creds; cat creds/key token.txt open.txt 2>&1; touch creds/new; echo end"
+    async with Sandbox(ws, backend="docker", policy=Policy(mask=masks)) as sb:
+        result = await sb.exec(shell=script)
+    assert "PRIVATE-KEY" not in result.stdout and "TOKEN-VALUE" not in result.stdout
+    assert "VISIBLE" in result.stdout and "end" in result.stdout
+    assert not (ws / "creds" / "new").exists()  # the mask is read-only, not a way in
+    assert (ws / "creds" / "key").read_text() == "PRIVATE-KEY"  # the host copy is untouched

@@ -188,3 +188,19 @@ def test_check_is_fast_on_a_big_tree(tmp_path: Path, engine_sock: Path) -> None:
     for _ in range(100):
         cfg.check_workspace(ws, str(engine_sock), max_entries=10)
     assert time.monotonic() - start < 0.5
+
+
+def test_mask_mounts_only_inside_the_workspace(tmp_path: Path) -> None:
+    from sandboxrun.backends.docker_config import mask_mounts
+    from sandboxrun.paths import CONTAINER_ROOT
+
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "f").write_text("x")
+    mounts = mask_mounts(ws, (str(ws / "d"), str(ws / "f"), str(ws / "missing"), str(tmp_path)))
+    assert [(m["Target"], m["Type"]) for m in mounts] == [
+        (str(CONTAINER_ROOT / "d"), "tmpfs"),
+        (str(CONTAINER_ROOT / "f"), "bind"),
+    ]
+    assert all(m["ReadOnly"] for m in mounts)
+    assert mounts[1]["Source"] == "/dev/null"

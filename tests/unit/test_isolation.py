@@ -138,3 +138,14 @@ def test_private_home_and_tmpdir_unless_given(tmp_path: Path) -> None:
     kept = p.command_env({"HOME": "/mine"}, frozenset({"HOME"}))
     assert kept["HOME"] == "/mine"
     assert plan(tmp_path, NO_BWRAP).command_env({"HOME": "/root"}, frozenset()) == {"HOME": "/root"}
+
+
+def test_a_mask_that_holds_the_workspace_is_refused(tmp_path: Path) -> None:
+    from sandboxrun import ConfigError, Sandbox
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for bad in (str(ws), str(tmp_path), "/"):
+        with pytest.raises(ConfigError, match="holds the workspace"):
+            Sandbox(ws, policy=Policy(mask=(bad,)))
+    Sandbox(ws, policy=Policy(mask=(str(ws / "inside"), str(tmp_path / "beside"))))
