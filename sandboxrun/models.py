@@ -44,9 +44,9 @@ class Policy(BaseModel):
     """Run even when the backend cannot give every guarantee asked for (one warning, and
     ``missing_guarantees`` set). Without it such a run is refused (``PolicyRefusedError``)."""
     mask: tuple[str, ...] = ()
-    """More host paths to hide from the command (shown empty), beside the built-in secret
-    paths (``~/.ssh`` ...). Local backends only: a container sees no host path but the
-    workspace."""
+    """More host paths to hide from the command (a directory shown empty, a file unreadable),
+    beside the built-in secret paths (``~/.ssh`` ...); inside the workspace on docker too (a
+    container sees no other host path). A path that holds the workspace is refused."""
     mask_output: bool = True
     """Replace the values of secret-shaped variables given explicitly (``env=``, ``-e``) in the
     captured and live output with ``[masked:NAME]``."""
