@@ -222,6 +222,8 @@ def _judge_path(
     if seen.in_workspace:
         if FS_GUARD_INSIDE not in isolation or policy.access != "read-only":
             return None
+        if pattern.name != "erofs":  # a read-only workspace answers EROFS; EACCES there is
+            return None  # the file's own mode (for the command's uid, not the host's)
         wider = _widen(policy, access="workspace-write")
         where = "in the workspace"
     else:
@@ -368,6 +370,8 @@ def path_facts(text: str, root: Path, workdir: Path, container: bool) -> PathFac
     except (OSError, ValueError):
         return None
     inside = real == root or root in real.parents
+    if container and not inside:
+        return None  # the container's own file system, not the host's: nothing to judge by
     return PathFacts(str(real), inside, writable, owned)
 
 

@@ -112,6 +112,7 @@ def required_guarantees(policy: Policy, limits: Limits) -> list[str]:
         wanted += ["read-only-workspace", "read-only-root"]
     else:
         wanted.append("read-only-root")
+    wanted.append("seccomp")  # no setuid/setgid file, no device node left in the workspace
     if policy.network == "none":
         wanted.append("network-none")
     return wanted + limit_guarantees(limits)

@@ -166,3 +166,17 @@ def redactor_for(request: ExecRequest) -> Redactor | None:
     }
     redactor = Redactor(secrets)
     return redactor if redactor.names else None
+
+
+def mask_argv(argv: list[str], request: ExecRequest) -> list[str]:
+    """``argv`` as the result shows it: the values masked in the output are masked here too
+    (a command line that carries a secret, such as ``sh -c '...' "$TOKEN"``)."""
+    redactor = redactor_for(request)
+    if redactor is None:
+        return argv
+    shown = []
+    for item in argv:
+        data = os.fsencode(item)
+        masked = redactor.feed(data) + redactor.flush()
+        shown.append(item if masked == data else os.fsdecode(masked))
+    return shown

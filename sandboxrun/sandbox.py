@@ -21,7 +21,7 @@ from typing import Self
 import anyio
 import anyio.to_thread
 
-from sandboxrun import backends, denial
+from sandboxrun import backends, denial, redact
 from sandboxrun.argv import join_path_prepend, validate_argv
 from sandboxrun.env import build_env
 from sandboxrun.errors import ConfigError, PolicyRefusedError
@@ -259,8 +259,12 @@ class Sandbox:
 
         ``escalate``: when the run ends with a ``denial`` that a wider policy would allow
         (``denial.escalate_to``), the hook (sync or async) is called once with the result and
-        that policy; if it returns True the same command runs once more, in a fresh sandbox on
-        the same workspace with the same backend request, limits and options but that policy,
+        that policy. The denial is read from the command's own output, which an untrusted
+        command controls: it can ask for ``network on`` or ``workspace-write`` (never for
+        ``danger-full-access``) by printing the right line, so a hook that approves without
+        looking is a policy bypass. If it returns True the same command runs once more, in a
+        fresh sandbox on the same workspace with the same backend request, limits and options
+        but that policy,
         and that result is returned with ``escalated_from`` set to this sandbox's policy (the
         live sink sees both runs). False returns the denied result; an exception raised by the
         hook propagates (nothing has run again; the denied result is in ``last_result``)."""
@@ -361,7 +365,7 @@ class Sandbox:
             )
         facts = RunFacts(
             backend=backend.name,
-            argv=backend.command(request),
+            argv=redact.mask_argv(backend.command(request), request),
             run_id=request.run_id,
             isolation=backend.isolation(request),
             missing=missing,

@@ -27,7 +27,7 @@ import docker.errors
 import pytest
 from helpers import require_backend
 
-from sandboxrun import Sandbox
+from sandboxrun import Policy, PolicyRefusedError, Sandbox
 from sandboxrun.backends.docker import DockerBackend
 from sandboxrun.docker_seccomp import ENOSYS, profile
 
@@ -283,7 +283,8 @@ async def test_an_engine_without_seccomp_runs_without_claiming_it(
     root_workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What a daemon built or running without seccomp answers to a custom profile: the sandbox
-    starts without one and ``isolation`` does not list ``seccomp``."""
+    starts without one, ``isolation`` does not list ``seccomp``, and a run is refused (fail
+    closed) unless the caller allows less."""
     from docker.api.client import APIClient
 
     real_start = APIClient.start
@@ -302,8 +303,13 @@ async def test_an_engine_without_seccomp_runs_without_claiming_it(
 
     monkeypatch.setattr(APIClient, "start", start)
     async with Sandbox(root_workspace, backend="docker") as sb:
+        with pytest.raises(PolicyRefusedError, match="seccomp"):
+            await sb.exec(["true"])
+    refused.clear()
+    async with Sandbox(root_workspace, backend="docker", policy=Policy(allow_degraded=True)) as sb:
         opts = security_opt(sb)
         result = await sb.exec(["true"])
+    assert "seccomp" in result.missing_guarantees
     assert refused
     client = docker.from_env(timeout=30)
     try:

@@ -156,3 +156,15 @@ def test_cli_no_mask_shows_the_value(workspace: Path, pgroup: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == VALUE + "\n"
+
+
+async def test_a_secret_in_the_command_line_is_masked_in_the_result(
+    workspace: Path, pgroup: str
+) -> None:
+    async with Sandbox(workspace, backend=pgroup, env=SECRET_ENV) as sb:
+        result = await sb.exec(["sh", "-c", 'echo "$1" | wc -c', "sh", f"--token={VALUE}"])
+        shell = await sb.exec(shell=f"echo {VALUE} >/dev/null; echo done")
+    assert result.ok and result.stdout.strip() == str(len(f"--token={VALUE}") + 1)
+    assert result.argv[-1] == f"--token={MARK}"
+    assert VALUE not in json.dumps(result.argv) and VALUE not in json.dumps(shell.argv)
+    assert shell.stdout == "done\n"

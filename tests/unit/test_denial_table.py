@@ -77,8 +77,6 @@ POSITIVE = [
          "filesystem", {"access": "danger-full-access"}),
     Case("eacces", "Error: EACCES: permission denied, open '/etc/x'", WW, OUT,
          "filesystem", {"access": "danger-full-access"}),
-    Case("eacces", f"touch: cannot touch '{WS}/out.txt': Permission denied", RO, IN,
-         "filesystem", {"access": "workspace-write"}),
     Case("eperm", "chmod: changing permissions of '/etc/x': Operation not permitted", WW, OUT,
          "syscall"),
     Case("eperm", "mknod: /etc/x: Operation not permitted", WW, OUT, "syscall"),
@@ -147,6 +145,9 @@ NEGATIVE = [
     # no path to judge
     ("Error: Permission denied (os error 13)", WW, OUT, CONFINED),
     ("touch: Permission denied", WW, OUT, CONFINED),
+    # in a read-only workspace the sandbox answers EROFS: EACCES is the file's own mode (for
+    # the command's uid, which is not the host user's when a root invoker runs as the owner)
+    (f"touch: cannot touch '{WS}/out.txt': Permission denied", RO, IN, CONFINED),
     # a path the host did not report on
     ("touch: cannot touch '/elsewhere': Read-only file system", WW, OUT, CONFINED),
     # the guard that would refuse it was not enforced (degraded run): not the sandbox's doing

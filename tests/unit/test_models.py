@@ -91,10 +91,11 @@ def test_invalid_limits_are_refused(fields: dict[str, object]) -> None:
 
 
 def test_required_guarantees() -> None:
-    assert required_guarantees(Policy(), Limits()) == ["read-only-root", "network-none"]
+    assert required_guarantees(Policy(), Limits()) == ["read-only-root", "seccomp", "network-none"]
     assert required_guarantees(Policy(access="read-only", network="on"), Limits()) == [
         "read-only-workspace",
         "read-only-root",
+        "seccomp",
     ]
     assert required_guarantees(Policy(access="danger-full-access", network="on"), Limits()) == []
     limited = Limits(memory_bytes=1 << 20, cpus=1.5, pids=64)
