@@ -209,7 +209,8 @@ def mirror(pid: int) -> None:
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         try:
-            signal.signal(died_of, signal.SIG_DFL)
+            if died_of not in (signal.SIGKILL, signal.SIGSTOP):  # they cannot be caught
+                signal.signal(died_of, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             os.kill(os.getpid(), died_of)
         except (OSError, ValueError):

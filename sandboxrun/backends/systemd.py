@@ -317,7 +317,15 @@ class SystemdScopeBackend:
         run = self._tools[0] if self._tools else "systemd-run"
         desc = cfg.description(f"run {request.run_id}", *self._owner)
         unit = cfg.unit_name(request.run_id)
-        return cfg.systemd_run_argv(run, self.mode, unit, desc, request.limits, inner)
+        return cfg.systemd_run_argv(
+            run, self.mode, unit, desc, request.limits, inner, self._our_tasks()
+        )
+
+    def _our_tasks(self) -> int:
+        """Tasks of ours in each scope: the keeper, and the launcher where it stays to mirror
+        the command it forked into the sandbox's PID namespace."""
+        mirrors = self._plan is not None and self._plan.namespaces
+        return cfg.KEEPER_TASKS + (1 if mirrors else 0)
 
     def describe(self, request: ExecRequest) -> list[str]:
         """systemd-run's argv around the command (a launcher in between applies env and cwd)."""
@@ -466,7 +474,8 @@ class SystemdScopeBackend:
             return lost
         files = cfg.limit_files(run.paths) if run.paths is not None else {}
         for name in wanted:
-            if not cfg.limit_applied(name, read_text(files.get(name)), request.limits, PAGE):
+            shown = read_text(files.get(name))
+            if not cfg.limit_applied(name, shown, request.limits, PAGE, self._our_tasks()):
                 if name in facts.isolation:
                     lost.append(name)
                 facts.isolation = [g for g in facts.isolation if g != name]

@@ -17,7 +17,9 @@ Mode = Literal["system", "user"]
 UNIT_PREFIX = "sandboxrun-"
 UNIT_SUFFIX = ".scope"
 KEEPER_TASKS = 1
-"""The launcher's keeper lives in the scope too: ``TasksMax`` is the pids limit plus it."""
+"""The launcher's keeper lives in the scope too: ``TasksMax`` is the pids limit plus it (plus
+the launcher itself where it stays to mirror a command it forked into the sandbox's PID
+namespace: ``ours=KEEPER_TASKS + 1``)."""
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _OWNER = re.compile(r"owner=(\d+):(\d+)")
 
@@ -45,13 +47,13 @@ def owner_of(description_text: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def properties(limits: Limits) -> list[str]:
+def properties(limits: Limits, ours: int = KEEPER_TASKS) -> list[str]:
     """``-p`` assignments from the limits (accounting is always on, for the result)."""
     props = ["CPUAccounting=yes", "MemoryAccounting=yes", "TasksAccounting=yes"]
     # ``systemctl stop`` (``sandboxrun clean``) then also does TERM, the grace, KILL
     props.append(f"TimeoutStopSec={max(1, round(limits.grace_s * 1000))}ms")
     if limits.pids is not None:
-        props.append(f"TasksMax={limits.pids + KEEPER_TASKS}")
+        props.append(f"TasksMax={limits.pids + ours}")
     if limits.memory_bytes is not None:
         props += [f"MemoryMax={limits.memory_bytes}", "MemorySwapMax=0"]
     if limits.cpus is not None:
@@ -71,13 +73,14 @@ def systemd_run_argv(
     desc: str,
     limits: Limits,
     command: list[str],
+    ours: int = KEEPER_TASKS,
 ) -> list[str]:
     argv = [systemd_run]
     if mode == "user":
         argv.append("--user")
     argv += ["--scope", "--quiet", "--collect", "--no-ask-password", f"--unit={unit}"]
     argv.append(f"--description={desc}")
-    for prop in properties(limits):
+    for prop in properties(limits, ours):
         argv += ["-p", prop]
     return [*argv, "--", *command]
 
@@ -247,13 +250,19 @@ def limit_files(paths: CgroupPaths) -> dict[str, str | None]:
     }
 
 
-def limit_applied(name: str, content: str | None, limits: Limits, page_size: int = 4096) -> bool:
+def limit_applied(
+    name: str,
+    content: str | None,
+    limits: Limits,
+    page_size: int = 4096,
+    ours: int = KEEPER_TASKS,
+) -> bool:
     """Whether a limit file shows the requested limit (v1 or v2 syntax)."""
     if content is None:
         return False
     text = content.strip()
     if name == "pids-limit":
-        return limits.pids is not None and text == str(limits.pids + KEEPER_TASKS)
+        return limits.pids is not None and text == str(limits.pids + ours)
     if name == "memory-limit":
         if limits.memory_bytes is None or not text.isdigit():
             return False

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.anyio
 
 FAST = Limits(grace_s=0.5, drain_s=0.5)
 PROBE = probe("systemd-scope")
+DEGRADED = Policy(allow_degraded=True)
 needs_systemd = pytest.mark.skipif(
     not PROBE.available, reason=f"systemd-scope unavailable here: {PROBE.reason}"
 )
@@ -143,7 +144,9 @@ async def test_strict_with_limits_refuses_only_what_the_manager_cannot_apply(
 @needs_systemd
 async def test_pids_limit_stops_a_fork_bomb(workspace: Path) -> None:
     limits = Limits(grace_s=0.5, drain_s=0.5, pids=20)
-    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+    async with Sandbox(  # a user manager may not apply it: then the test skips
+        workspace, backend="systemd-scope", limits=limits, policy=DEGRADED
+    ) as sb:
         result = await sb.exec([sys.executable, "-c", FORKER], timeout=20)
     if "pids-limit" not in result.isolation:
         pytest.skip(f"this manager does not apply TasksMax: {result.missing_guarantees}")
@@ -157,7 +160,9 @@ async def test_pids_limit_stops_a_fork_bomb(workspace: Path) -> None:
 async def test_pids_limit_of_one_still_runs_a_command(workspace: Path) -> None:
     """No room for the keeper: the run goes on without it, and nothing leaks to stderr."""
     limits = Limits(grace_s=0.5, pids=1)
-    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+    async with Sandbox(  # a user manager may not apply it: then the test skips
+        workspace, backend="systemd-scope", limits=limits, policy=DEGRADED
+    ) as sb:
         result = await sb.exec(["echo", "one"])
         forked = await sb.exec([sys.executable, "-c", FORK_ONCE])
     assert (result.status, result.stdout, result.stderr) == ("completed", "one\n", "")
@@ -169,7 +174,9 @@ async def test_pids_limit_of_one_still_runs_a_command(workspace: Path) -> None:
 @needs_systemd
 async def test_memory_hog_is_oom_killed(workspace: Path) -> None:
     limits = Limits(grace_s=0.5, memory_bytes=64 << 20)
-    async with Sandbox(workspace, backend="systemd-scope", limits=limits) as sb:
+    async with Sandbox(  # a user manager may not apply it: then the test skips
+        workspace, backend="systemd-scope", limits=limits, policy=DEGRADED
+    ) as sb:
         result = await sb.exec([sys.executable, "-c", "x = b'a' * (400 << 20); print('survived')"])
     if "memory-limit" not in result.isolation:
         pytest.skip(f"this manager does not apply MemoryMax: {result.missing_guarantees}")
@@ -253,14 +260,17 @@ async def test_strict_refuses_what_a_scope_cannot_give(
         assert missing in str(info.value)
 
 
-def start_host(workspace: Path, tmp_path: Path, tok: str) -> tuple[subprocess.Popen[str], int]:
+def start_host(
+    workspace: Path, tmp_path: Path, tok: str, access: str = "workspace-write"
+) -> tuple[subprocess.Popen[str], int]:
     """A sandboxrun program whose run is live; returns it and its scope watchdog's pid."""
     script = tmp_path / "host.py"
     script.write_text(
         "import anyio, sys\n"
-        "from sandboxrun import Sandbox, Limits\n"
+        "from sandboxrun import Sandbox, Limits, Policy\n"
         "async def main():\n"
         f"    async with Sandbox({str(workspace)!r}, backend='systemd-scope',\n"
+        f"                       policy=Policy(access={access!r}),\n"
         "                       limits=Limits(grace_s=0.5)) as sb:\n"
         "        print('watchdog', sb.backend.watchdog.pid, flush=True)\n"
         f"        await sb.exec(shell='(setsid sleep {tok} &); echo started; sleep {tok}',"
@@ -301,9 +311,10 @@ def test_scopes_of_a_sigkilled_sandboxrun_are_stopped_by_its_watchdog(
 
 @needs_systemd
 def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Path) -> None:
-    """With the watchdog killed too, the scope outlives its owner until ``clean``."""
+    """With the watchdog killed too, an unconfined run's scope (``danger-full-access``: no
+    PID namespace dies with the owner) outlives its owner until ``clean``."""
     tok = f"{os.getpid()}.77"
-    host, watchdog = start_host(workspace, tmp_path, tok)
+    host, watchdog = start_host(workspace, tmp_path, tok, access="danger-full-access")
     try:
         os.kill(watchdog, signal.SIGKILL)
     finally:
@@ -326,6 +337,25 @@ def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Pa
     assert clean.returncode == 0, clean.stderr
     assert "stopped" in clean.stdout
     assert wait_until(lambda: not processes_with_arg(tok), 5)  # ...until clean stops it
+    assert wait_until(lambda: not units_of(host.pid), 5), units_of(host.pid)
+
+
+@needs_systemd
+def test_a_crashed_confined_sandbox_leaves_nothing_even_without_watchdog(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """Under the isolation layer the run lives in the sandbox's PID namespace, whose holder
+    dies with the owner: owner and watchdog SIGKILLed, nothing of the run is left."""
+    tok = f"{os.getpid()}.78"
+    host, watchdog = start_host(workspace, tmp_path, tok)
+    try:
+        os.kill(watchdog, signal.SIGKILL)
+    finally:
+        host.kill()
+        host.wait()
+        assert host.stdout is not None
+        host.stdout.close()
+    assert wait_until(lambda: not processes_with_arg(tok), 5), processes_with_arg(tok)
     assert wait_until(lambda: not units_of(host.pid), 5), units_of(host.pid)
 
 
