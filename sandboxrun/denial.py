@@ -99,6 +99,9 @@ class PathFacts:
     """The invoking user could write it (or create it: its nearest existing ancestor)."""
     host_owned: bool = False
     """It exists and belongs to the invoking user."""
+    in_container: bool = False
+    """A path of the container's own file system (not the host's): only the sandbox's
+    read-only root can be judged there (``Read-only file system``), not a file's mode."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,8 @@ def _judge_path(
     seen = facts.paths.get(path) if path is not None else None
     if path is None or seen is None or not seen.host_writable:
         return None  # no path to judge, or the host user could not either: the file's own doing
+    if seen.in_container and pattern.name != "erofs":
+        return None  # a file's mode in the image: not the sandbox's doing
     if seen.in_workspace:
         if FS_GUARD_INSIDE not in isolation or policy.access != "read-only":
             return None
@@ -370,8 +375,8 @@ def path_facts(text: str, root: Path, workdir: Path, container: bool) -> PathFac
     except (OSError, ValueError):
         return None
     inside = real == root or root in real.parents
-    if container and not inside:
-        return None  # the container's own file system, not the host's: nothing to judge by
+    if container and not inside:  # the container's own file system, not the host's
+        return PathFacts(text, False, True, False, in_container=True)
     return PathFacts(str(real), inside, writable, owned)
 
 

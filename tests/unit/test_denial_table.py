@@ -323,3 +323,20 @@ def test_host_facts_looks_at_free_space_only_for_a_silent_failure(
     assert diagnose(result(), WW, got) is not None
     assert host_facts(result("oops"), tmp_path).workspace_free_bytes is None
     assert host_facts(result(status="completed"), tmp_path) == HostFacts()
+
+
+def test_container_paths_outside_the_workspace_are_judged_only_by_erofs(tmp_path: Path) -> None:
+    """The container's own file system is not the host's: its read-only root is the sandbox's
+    doing, a file's mode in the image (``ls /root/x`` as a non-root uid) is not."""
+    confined = ["read-only-root", "container", "seccomp"]
+    for line, denied in (
+        ("touch: cannot touch '/etc/x': Read-only file system", True),
+        ("ls: cannot open directory '/root/x': Permission denied", False),
+        ("bash: /etc/shadow: Permission denied", False),
+    ):
+        res = result(line, backend="docker", isolation=confined)
+        facts = host_facts(res, tmp_path)
+        found = diagnose(res, WW, facts)
+        assert (found is not None) == denied, line
+        if found is not None:
+            assert found.kind == "filesystem" and found.escalate_to is None
