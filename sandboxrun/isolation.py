@@ -147,8 +147,6 @@ class LocalPlan:
     extra_masks: tuple[Path, ...] = ()
     env_sockets: tuple[Path, ...] = ()
     """Unix sockets named by the host environment (``$SSH_AUTH_SOCK``...), masked too."""
-    private_tmp: Path | None = None
-    """Without bubblewrap: a host directory the command may write instead of ``/tmp``."""
     tools: tuple[Path, ...] = ()
     """Directories the caller prepends to PATH: shown read-only where a private directory
     (``/tmp``...) would hide them."""
@@ -165,9 +163,7 @@ class LocalPlan:
         dirs = [] if self.policy.access == "read-only" else [str(self.workspace)]
         if self.namespaces:
             return [*dirs, *PRIVATE_TMP, "/dev/pts"]
-        if self.private_tmp is not None:
-            dirs.append(str(self.private_tmp))
-        return [*dirs, "/dev/pts"]
+        return [*dirs, "/dev/pts"]  # no private /tmp to write without namespaces
 
     def confine(self) -> dict[str, object]:
         """The plan ``_confine.apply`` carries out inside (JSON-able)."""
