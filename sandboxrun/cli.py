@@ -370,10 +370,10 @@ def run(
 
 def layer_rows() -> list[dict[str, object]]:
     """The local isolation layer, part by part: given here or not, why, and how to get it."""
-    from sandboxrun.isolation import probe_host
+    from sandboxrun.isolation import NAMESPACE_LAYERS, probe_host
 
     support = probe_host()
-    ns = "network-none, read-only-root, pid-namespace, private-tmp, sockets-masked, secrets-masked"
+    ns = ", ".join(("network-none", *NAMESPACE_LAYERS))
     return [
         {
             "layer": "namespaces (bubblewrap)",

@@ -131,8 +131,8 @@ class HostSupport:
         reasons = []
         if self.bwrap_reason and set(missing) & {*NAMESPACE_LAYERS, "network-none"}:
             reasons.append(self.bwrap_reason)
-        if not self.landlock_abi and "landlock" in missing:
-            reasons.append("the kernel has no Landlock (CONFIG_SECURITY_LANDLOCK, lsm=landlock)")
+        if not self.seccomp and "seccomp" in missing:
+            reasons.append("the kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)")
         return "; ".join(reasons)
 
 
@@ -352,6 +352,16 @@ def local_plan(
     )
 
 
+def plan_for(
+    policy: Policy | None, workspace: Path | None, tools: tuple[str, ...] = ()
+) -> LocalPlan | None:
+    """A local backend's plan, or None for one built without a policy and workspace (an
+    unconfined backend, as tests of the bare mechanism make)."""
+    if policy is None or workspace is None:
+        return None
+    return local_plan(policy, workspace, tools=tools)
+
+
 def runtime_dirs() -> tuple[str, ...]:
     """Where sandboxrun itself runs from (the supervisor is this Python and this package):
     shown read-only inside even under a private directory (a virtualenv or a checkout in
@@ -360,7 +370,7 @@ def runtime_dirs() -> tuple[str, ...]:
     return (sys.prefix, os.path.dirname(os.path.realpath(sys.executable)), package)
 
 
-def _ns_differs(pid: int, kind: str, reported: Mapping[str, int]) -> bool:
+def ns_differs(pid: int, kind: str, reported: Mapping[str, int]) -> bool:
     """Whether the sandbox's PID 1 is in another ``kind`` namespace than we are: read from its
     ``/proc`` links, or where they cannot be read (a non-dumpable process, without
     CAP_SYS_PTRACE) from what it reported before any command ran."""
@@ -386,7 +396,7 @@ def verified_layers(
     ns_ok = plan.namespaces and inner_pid is not None
     if ns_ok and inner_pid is not None:
         kinds = ["pid", "mnt", "ipc", "uts"] + (["net"] if plan.policy.network == "none" else [])
-        ns_ok = all(_ns_differs(inner_pid, kind, reported or {}) for kind in kinds)
+        ns_ok = all(ns_differs(inner_pid, kind, reported or {}) for kind in kinds)
     layers = []
     for name in plan.support.layers(plan.policy):
         if name in ("landlock", "seccomp", "no-new-privileges"):

@@ -90,6 +90,10 @@ class Limits(BaseModel):
         return min(chosen, self.max_timeout_s)
 
 
+LIMIT_GUARANTEES = ("memory-limit", "cpu-limit", "pids-limit")
+"""Every resource-limit guarantee, by the names ``isolation`` uses."""
+
+
 def limit_guarantees(limits: Limits) -> list[str]:
     """The resource-limit guarantees ``limits`` ask for (``memory-limit``, ``cpu-limit``,
     ``pids-limit``), by the names ``isolation`` uses."""

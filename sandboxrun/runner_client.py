@@ -83,6 +83,15 @@ class RunnerClient:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def layers_in_force(self) -> list[str]:
+        """The isolation layers of the sandbox this runner is PID 1 of, each checked
+        (``isolation.verified_layers``); none without a plan."""
+        if self._plan is None:
+            return []
+        from sandboxrun.isolation import verified_layers
+
+        return verified_layers(self._plan, self.inner_pid(), self.layers, self.namespaces)
+
     def inner_pid(self) -> int | None:
         """The host pid of the runner itself: under bubblewrap, bwrap's one child (PID 1 of
         the sandbox's namespaces); else the process we started."""

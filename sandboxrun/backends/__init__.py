@@ -9,7 +9,7 @@ never falls back, and follows the same rule.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from sandboxrun.errors import ConfigError, PolicyRefusedError, SandboxUnavailableError
@@ -91,11 +91,7 @@ def probe(name: BackendName, image: str | None = None, policy: Policy | None = N
         from sandboxrun.backends.docker import probe_docker
         from sandboxrun.images import BASE_IMAGE
 
-        found = probe_docker(image or BASE_IMAGE)
-        if not found.available:
-            return found
-        limits = ("memory-limit", "cpu-limit", "pids-limit")  # checked before any engine call
-        return replace(found, isolation=tuple(dict.fromkeys((*found.isolation, *limits))))
+        return probe_docker(image or BASE_IMAGE)
     from sandboxrun.backends.systemd import probe_systemd
 
     return probe_systemd(policy)

@@ -18,7 +18,7 @@ from docker.types import Mount
 from sandboxrun.argv import wrapper_env
 from sandboxrun.env import redact
 from sandboxrun.errors import ConfigError, EnvError, WorkspaceError
-from sandboxrun.models import Limits, Policy
+from sandboxrun.models import LIMIT_GUARANTEES, Limits, Policy
 from sandboxrun.paths import CONTAINER_ROOT
 
 LABEL = "sandboxrun.managed"
@@ -215,7 +215,6 @@ def seccomp_unsupported(message: str) -> bool:
     return any(words in message for words in SECCOMP_UNSUPPORTED)
 
 
-LIMIT_NAMES = ("cpu-limit", "memory-limit", "pids-limit")
 UNLIMITED_MEMORY = 1 << 62
 """cgroup v1 shows "no memory limit" as a huge number (PAGE_COUNTER_MAX pages)."""
 
@@ -244,12 +243,12 @@ def isolation(
     if limits.cpus is not None:
         enforced.append("cpu-limit")
     if shown is not None:
-        enforced = [name for name in enforced if name not in LIMIT_NAMES or name in shown]
+        enforced = [name for name in enforced if name not in LIMIT_GUARANTEES or name in shown]
     return enforced
 
 
 def cgroup_limits(lines: list[tuple[str, str]], mount: str = "/sys/fs/cgroup") -> set[str] | None:
-    """The limits (``LIMIT_NAMES``) a process's cgroup really sets, from its
+    """The limits (``LIMIT_GUARANTEES``) a process's cgroup really sets, from its
     ``proctree.cgroup_lines``: v1 ``cpu.cfs_quota_us``, ``memory.limit_in_bytes``, ``pids.max``;
     v2 ``cpu.max``, ``memory.max``, ``pids.max``. None when none of those files can be read."""
     v1: dict[str, list[str]] = {}

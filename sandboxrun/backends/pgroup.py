@@ -24,7 +24,7 @@ from sandboxrun.argv import join_path_prepend, shell_argv, wrapper_env
 from sandboxrun.backends import Probe
 from sandboxrun.capture import StreamCapture
 from sandboxrun.errors import BackendError
-from sandboxrun.isolation import LocalPlan, local_plan, probe_host, verified_layers
+from sandboxrun.isolation import LocalPlan, plan_for, probe_host
 from sandboxrun.models import BackendName, ExecResult, Policy
 from sandboxrun.pipes import FdPump, output_pipe
 from sandboxrun.process import (
@@ -173,22 +173,14 @@ class ProcessGroupBackend:
         workspace: Path | None = None,
         tools: tuple[str, ...] = (),
     ) -> None:
-        self._plan = (
-            None
-            if policy is None or workspace is None
-            else local_plan(policy, workspace, tools=tools)
-        )
+        self._plan = plan_for(policy, workspace, tools)
         self._client = RunnerClient(self._plan)
         self._grace_s = grace_s
         self._layers: list[str] = []
 
     async def open(self) -> None:
         await self._client.start()
-        if self._plan is not None:
-            client = self._client
-            self._layers = verified_layers(
-                self._plan, client.inner_pid(), client.layers, client.namespaces
-            )
+        self._layers = self._client.layers_in_force()
 
     async def close(self) -> None:
         # Closing terminates what still runs: give it the grace and the kill budget.

@@ -25,8 +25,16 @@ from sandboxrun.backends import systemd_config as cfg
 from sandboxrun.backends.pgroup import local_command, local_env, spawn_exit_code
 from sandboxrun.backends.systemd_run import ScopeRun, read_text
 from sandboxrun.errors import BackendError
-from sandboxrun.isolation import LocalPlan, local_plan, probe_host, verified_layers
-from sandboxrun.models import BackendName, ExecResult, Limits, Policy, Status, limit_guarantees
+from sandboxrun.isolation import LocalPlan, ns_differs, plan_for, probe_host
+from sandboxrun.models import (
+    LIMIT_GUARANTEES,
+    BackendName,
+    ExecResult,
+    Limits,
+    Policy,
+    Status,
+    limit_guarantees,
+)
 from sandboxrun.pipes import FdPump, output_pipe
 from sandboxrun.process import (
     RunFacts,
@@ -154,8 +162,8 @@ def probe_systemd(policy: Policy | None = None) -> Probe:
         return Probe("systemd-scope", False, f"systemd-run --scope fails: {why}", ())
     support = probe_host()
     layers = support.layers(policy or Policy())
-    limits = ("memory-limit", "cpu-limit", "pids-limit")
-    return Probe("systemd-scope", True, None, (*BASE_ISOLATION, *limits, *layers), support)
+    given = (*BASE_ISOLATION, *LIMIT_GUARANTEES, *layers)
+    return Probe("systemd-scope", True, None, given, support)
 
 
 def _pure_v2(mount: str = "/sys/fs/cgroup") -> bool:
@@ -173,14 +181,13 @@ class SystemdScopeBackend:
         workspace: Path | None = None,
         tools: tuple[str, ...] = (),
     ) -> None:
-        self._plan = (
-            None
-            if policy is None or workspace is None
-            else local_plan(policy, workspace, tools=tools)
-        )
+        self._plan = plan_for(policy, workspace, tools)
         self._holder: RunnerClient | None = None
-        self._holder_pidfd: int | None = None
         """The sandbox's namespace holder: PID 1 of its namespaces, which every run joins."""
+        self._holder_pidfd: int | None = None
+        self._ns_extra: list[str] = []
+        """Which of the user and network namespaces the holder has its own of (runs join
+        those too)."""
         self._layers: list[str] = []
         self.mode: cfg.Mode = mode or manager_mode()
         self._limits = limits or Limits()
@@ -225,10 +232,12 @@ class SystemdScopeBackend:
             holder = RunnerClient(plan, holder=True)
             await holder.start()
             self._holder = holder
+            self._layers = holder.layers_in_force()
             inner = holder.inner_pid()
-            self._layers = verified_layers(plan, inner, holder.layers, holder.namespaces)
             if inner is not None:  # runs join through this pidfd: never a reused pid
                 self._holder_pidfd = os.pidfd_open(inner)
+                extra = ("user", "net")
+                self._ns_extra = [k for k in extra if ns_differs(inner, k, holder.namespaces)]
         else:  # Landlock and seccomp only: each launcher applies them (probed, not verified)
             self._layers = list(plan.support.layers(plan.policy))
 
@@ -243,14 +252,8 @@ class SystemdScopeBackend:
             if self._holder_pidfd is None:
                 raise BackendError("the sandbox's namespace holder is gone")
             ns_fd = os.dup(self._holder_pidfd)
-        extra = []
-        if self._holder is not None:
-            for kind in ("user", "net"):
-                theirs = self._holder.namespaces.get(kind)
-                if theirs is not None and theirs != Path(f"/proc/self/ns/{kind}").stat().st_ino:
-                    extra.append(kind)
         try:
-            data = cfg.encode_plan(ns_fd, extra, plan.confine())
+            data = cfg.encode_plan(ns_fd, self._ns_extra, plan.confine())
             return (_memfd("sandboxrun-plan", data),) + (() if ns_fd is None else (ns_fd,))
         except BaseException:
             if ns_fd is not None:

@@ -286,6 +286,17 @@ def start_host(
     return host, watchdog
 
 
+def crash(host: subprocess.Popen[str], watchdog: int) -> None:
+    """SIGKILL the sandboxrun program and its scope watchdog: nobody is left to clean up."""
+    try:
+        os.kill(watchdog, signal.SIGKILL)
+    finally:
+        host.kill()
+        host.wait()
+        assert host.stdout is not None
+        host.stdout.close()
+
+
 def units_of(owner: int) -> list[str]:
     """Active sandboxrun units started by the process ``owner``."""
     return [scope.unit for scope in list_scopes() if scope.owner_pid == owner]
@@ -315,13 +326,7 @@ def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Pa
     PID namespace dies with the owner) outlives its owner until ``clean``."""
     tok = f"{os.getpid()}.77"
     host, watchdog = start_host(workspace, tmp_path, tok, access="danger-full-access")
-    try:
-        os.kill(watchdog, signal.SIGKILL)
-    finally:
-        host.kill()
-        host.wait()
-        assert host.stdout is not None
-        host.stdout.close()
+    crash(host, watchdog)
     time.sleep(0.5)
     assert wait_until(lambda: len(processes_with_arg(tok)) == 2)  # the scope outlives its owner...
     leftover = units_of(host.pid)
@@ -348,13 +353,7 @@ def test_a_crashed_confined_sandbox_leaves_nothing_even_without_watchdog(
     dies with the owner: owner and watchdog SIGKILLed, nothing of the run is left."""
     tok = f"{os.getpid()}.78"
     host, watchdog = start_host(workspace, tmp_path, tok)
-    try:
-        os.kill(watchdog, signal.SIGKILL)
-    finally:
-        host.kill()
-        host.wait()
-        assert host.stdout is not None
-        host.stdout.close()
+    crash(host, watchdog)
     assert wait_until(lambda: not processes_with_arg(tok), 5), processes_with_arg(tok)
     assert wait_until(lambda: not units_of(host.pid), 5), units_of(host.pid)
 
