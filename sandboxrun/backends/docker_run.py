@@ -33,7 +33,19 @@ SWEEP_TICK_S = 0.02
 DEATH_WAIT_S = 1.0
 LEFTOVER_DEATH_WAIT_S = 0.2
 START_TIMEOUT_S = 10.0
-"""How long an exec may take to appear in the container before the run is a sandbox error."""
+"""How long an exec may take to appear in the container before the run is a sandbox error
+(plus ``START_CPU_S`` of the container's CPU share, see ``start_timeout``)."""
+START_CPU_S = 0.2
+"""CPU time the runtime's start of an exec may need inside the container's cgroup: under a
+CPU quota of ``cpus`` it takes ``START_CPU_S / cpus`` of wall time (20 s at 1 %)."""
+
+
+def start_timeout(cpus: float | None) -> float:
+    """How long to wait for an exec to appear: a wedged engine is a sandbox error, a start
+    slowed by the container's own CPU quota (``runc init`` runs in its cgroup) is not."""
+    return START_TIMEOUT_S + (START_CPU_S / cpus if cpus else 0.0)
+
+
 START_POLL_S = 0.001
 START_POLL_MAX_S = 0.02
 START_FAST_S = 0.5
@@ -133,7 +145,8 @@ class DockerRun:
         go on: every process of the run is born in the run's cgroup. Returns once the exec is
         known to have started, or to have ended without ever appearing (a start error)."""
         began = time.monotonic()
-        deadline = began + START_TIMEOUT_S
+        allowed = start_timeout(self.request.limits.cpus)
+        deadline = began + allowed
         next_inspect = began + INSPECT_EVERY_S  # not at once: the engine is busy starting it
         pause = START_POLL_S
         while time.monotonic() < deadline:
@@ -157,7 +170,7 @@ class DockerRun:
             if now - began > START_FAST_S:
                 pause = min(pause * 1.5, START_POLL_MAX_S)
         self.backend.recycle_needed = True  # whatever starts later dies with the container
-        raise BackendError(f"docker: the exec did not start within {START_TIMEOUT_S:.0f} s")
+        raise BackendError(f"docker: the exec did not start within {allowed:.0f} s")
 
     # -- output -----------------------------------------------------------------------------
     async def pump(self) -> None:
@@ -290,7 +303,7 @@ class DockerRun:
         exists (``Pid``: the engine sets ``Running`` before it asks the runtime to start the
         process, and the pid once it has) or has ended, so that an empty sweep means "nothing
         left", not "not there yet"."""
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout(self.request.limits.cpus)
         while True:
             info = self._inspect()
             started = bool(info.get("Running") and info.get("Pid"))

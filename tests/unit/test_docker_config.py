@@ -204,3 +204,11 @@ def test_mask_mounts_only_inside_the_workspace(tmp_path: Path) -> None:
     ]
     assert all(m["ReadOnly"] for m in mounts)
     assert mounts[1]["Source"] == "/dev/null"
+
+
+def test_start_timeout_grows_with_the_containers_cpu_quota() -> None:
+    from sandboxrun.backends.docker_run import START_TIMEOUT_S, start_timeout
+
+    assert start_timeout(None) == START_TIMEOUT_S  # a wedged engine is still found in time
+    assert start_timeout(2.0) == pytest.approx(START_TIMEOUT_S + 0.1)
+    assert start_timeout(0.01) == pytest.approx(START_TIMEOUT_S + 20.0)  # runc init at 1 %
