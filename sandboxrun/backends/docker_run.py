@@ -138,14 +138,14 @@ class DockerRun:
         self.initial = dockerapi.buffered_bytes(self.keep)  # first frames, if coalesced
         self.sock = raw
         if self.cgroup is not None:
-            self._adopt(self.cgroup)
+            self._adopt(self.cgroup, start_timeout(self.request.limits.cpus))
 
-    def _adopt(self, cgroup: RunCgroup) -> None:
+    def _adopt(self, cgroup: RunCgroup, allowed: float = START_TIMEOUT_S) -> None:
         """Move the exec's stub into the run's cgroup once it has stopped itself, then let it
         go on: every process of the run is born in the run's cgroup. Returns once the exec is
-        known to have started, or to have ended without ever appearing (a start error)."""
+        known to have started, or to have ended without ever appearing (a start error, after
+        ``allowed`` seconds)."""
         began = time.monotonic()
-        allowed = start_timeout(self.request.limits.cpus)
         deadline = began + allowed
         next_inspect = began + INSPECT_EVERY_S  # not at once: the engine is busy starting it
         pause = START_POLL_S
