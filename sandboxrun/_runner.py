@@ -15,21 +15,32 @@ host attaches the child's stdin/stdout/stderr to ``spawn`` with SCM_RIGHTS (in o
 argv: ``_runner.py SOCKET_FD [CONFINE_PLAN_JSON]``: with a plan the runner first confines itself
 (and so every command) with ``_confine.apply``; it usually runs as PID 1 of the sandbox's
 namespaces then (``sandboxrun/isolation.py``), where its death ends every process of the sandbox.
+``_runner.py --connect SOCKET_PATH``: inside a docker sandbox the runner is the container's main
+process and connects to the host's socket through a bind mount (``backends/docker_supervisor``);
+when this Python cannot serve (too old), it replaces itself with ``sleep infinity`` and the host
+uses the engine's exec path. Commands get the runner's own environment (the image's) under the
+spawn's ``env`` when the spawn says ``inherit``, as ``docker exec`` does.
 
 host -> runner: ``spawn {id, argv, env, cwd, grace}`` + 3 fds, ``terminate {id, grace}``,
-``shutdown {}``.  runner -> host: ``ready {pid, layers}``, ``confine_error {error}``,
-``spawned {id, pid}``, ``spawn_error {id,
-errno, error}``, ``exit {id, status}``, ``terminated {id, survivors, cpu_s, maxrss_kb}``.
+``shutdown {}``, ``open {id, path, flags, mode[, beneath]}`` (the runner opens the path in
+the sandbox's view, with its credentials; with ``beneath`` the path is relative to that
+directory and may not leave it: ``open_beneath``).  runner -> host: ``ready {pid, layers}``,
+``confine_error {error}``, ``spawned {id, pid}``, ``spawn_error {id, errno, error}``,
+``exit {id, status}``, ``terminated {id, survivors, cpu_s, maxrss_kb}``,
+``opened {id, kind, size, fds: 1}`` + the fd (a regular file or a directory only),
+``open_error {id, errno, error}`` (errno 0: it is something else, a FIFO, a device...).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -43,6 +54,13 @@ MARKER = b"SANDBOXRUN_RUN_ID="
 TICK_S = 0.02
 REFRESH_S = 0.5
 KILL_BUDGET_S = 5.0
+OOM_FD = -1
+"""Our /proc/self/oom_score_adj, opened before we become non-dumpable (``main``)."""
+MAX_HOPS = 40
+"""Symlinks ``open_beneath`` follows in one path at most (the kernel's own bound)."""
+ORPHANED_GRACE_S = 1.0
+"""The grace of runs whose host went away (its socket closed): nothing is left within the
+bound the host promises (a few seconds), even of a TERM-ignoring command."""
 
 
 def read_stat(pid: int) -> tuple[int, bytes, int] | None:
@@ -97,6 +115,93 @@ def namespaces() -> dict[str, int]:
     return found
 
 
+def open_beneath(
+    root: str, path: str, flags: int, mode: int = 0o644, *, in_root: bool = False
+) -> tuple[int, bool]:
+    """Open ``path`` (relative) below the directory ``root`` without ever leaving it: each
+    component is opened with O_NOFOLLOW relative to its parent's fd, symlinks are resolved
+    here (at most ``MAX_HOPS``) and ``..`` pops back to an fd already held, so the kernel never
+    follows a link for us. A step out (an absolute symlink, ``..`` above ``root``) fails with
+    EXDEV, like openat2's RESOLVE_BENEATH; ``in_root`` keeps it at ``root`` instead (an
+    absolute symlink restarts there), like RESOLVE_IN_ROOT for a container's root directory.
+    ``flags`` get O_CLOEXEC, O_NOCTTY and O_NONBLOCK. Returns ``(fd, created)``."""
+    flags |= os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    base = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    stack = [base]
+    todo = [p for p in path.split("/") if p not in ("", ".")]
+    hops = 0
+    try:
+        while True:
+            if not todo:  # the path ends at a directory already held (``.``, ``a/..``)
+                return os.open(".", flags & ~os.O_CREAT, mode, dir_fd=stack[-1]), False
+            name = todo.pop(0)
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                elif not in_root:
+                    raise OSError(errno.EXDEV, "the path climbs out of its root directory")
+                continue
+            target = None
+            if todo:
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
+                kind = os.fstat(fd).st_mode
+                if stat.S_ISDIR(kind):
+                    stack.append(fd)
+                    continue
+                os.close(fd)
+                if not stat.S_ISLNK(kind):
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+                target = os.readlink(name, dir_fd=stack[-1])
+            else:
+                plain = flags & ~(os.O_CREAT | os.O_EXCL) | os.O_NOFOLLOW
+                try:
+                    return os.open(name, plain, mode, dir_fd=stack[-1]), False
+                except FileNotFoundError:
+                    if not flags & os.O_CREAT:
+                        raise
+                    try:
+                        excl = flags | os.O_EXCL | os.O_NOFOLLOW
+                        return os.open(name, excl, mode, dir_fd=stack[-1]), True
+                    except FileExistsError:
+                        if flags & os.O_EXCL:
+                            raise
+                        todo.insert(0, name)  # it appeared meanwhile: open it (bounded below)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    try:  # O_NOFOLLOW met a symlink (ELOOP; ENOTDIR under O_DIRECTORY)
+                        target = os.readlink(name, dir_fd=stack[-1])
+                    except OSError:
+                        raise exc from None
+            hops += 1
+            if hops > MAX_HOPS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            if target is not None and target.startswith("/"):
+                if not in_root:
+                    raise OSError(errno.EXDEV, "a symlink points out of its root directory")
+                while len(stack) > 1:
+                    os.close(stack.pop())
+            if target is not None:
+                todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def special(mode: int) -> str:
+    """What a file that is neither regular nor a directory is, for a message."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 class Run:
     def __init__(self, run_id: str, proc: subprocess.Popen[bytes], grace: float) -> None:
         self.id = run_id
@@ -145,7 +250,7 @@ class Runner:
             data, fds = b"", []
         self.fds.extend(fds)
         if not data:
-            self.begin_close()
+            self.begin_close(orphaned=True)
             return
         self.inbuf += data
         while len(self.inbuf) >= HEADER.size:
@@ -166,22 +271,64 @@ class Runner:
                 self.start_termination(run, float(msg["grace"]))
         elif op == "shutdown":
             self.begin_close()
+        elif op == "open":
+            self.open_file(msg)
 
-    def begin_close(self) -> None:
+    def open_file(self, msg: dict[str, Any]) -> None:
+        """``open``: the host reads and writes files through an fd opened here, so a path
+        resolves in the sandbox's view with its credentials. Only a regular file or a directory
+        is passed on (fstat after the O_NONBLOCK open: a FIFO must never block the host)."""
+        fd = -1
+        try:
+            flags, mode, beneath = int(msg["flags"]), int(msg["mode"]), msg.get("beneath")
+            if beneath is None:
+                extra = os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+                fd = os.open(str(msg["path"]), flags | extra, mode)
+            else:
+                fd = open_beneath(str(beneath), str(msg["path"]), flags, mode)[0]
+            st = os.fstat(fd)
+            kind = "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else ""
+            if kind:
+                self.send_fds([fd], op="opened", id=msg.get("id"), kind=kind, size=st.st_size)
+            else:
+                why = f"it is {special(st.st_mode)}, not a regular file or a directory"
+                self.send(op="open_error", id=msg.get("id"), errno=0, error=why)
+        except Exception as exc:  # a bad request must never take the runner (and its runs) down
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.send(op="open_error", id=msg.get("id"), errno=code, error=why)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def send_fds(self, fds: list[int], **msg: Any) -> None:
+        data = json.dumps({**msg, "fds": len(fds)}).encode()
+        frame = HEADER.pack(len(data)) + data
+        try:
+            sent = socket.send_fds(self.sock, [frame], fds)
+            self.sock.sendall(frame[sent:])
+        except OSError:
+            self.closing = True
+
+    def begin_close(self, orphaned: bool = False) -> None:
         self.closing = True
         for run in list(self.runs.values()):
-            self.start_termination(run, run.grace)
+            self.start_termination(run, min(run.grace, ORPHANED_GRACE_S) if orphaned else run.grace)
 
     # -- spawning and reaping ---------------------------------------------------------------
     def spawn(self, msg: dict[str, Any]) -> None:
         stdio, self.fds = self.fds[:3], self.fds[3:]
+        env = {**os.environ, **msg["env"]} if msg.get("inherit") else msg["env"]
+        restore = self.raise_oom_score(msg.get("oom_score_adj"))
         try:
+            if len(stdio) != 3:
+                raise OSError(0, "the spawn request came without its three stdio fds")
             proc = subprocess.Popen(
                 msg["argv"],
                 stdin=stdio[0],
                 stdout=stdio[1],
                 stderr=stdio[2],
-                env=msg["env"],
+                env=env,
                 cwd=msg["cwd"],
                 start_new_session=True,
                 close_fds=True,
@@ -193,10 +340,27 @@ class Runner:
         finally:
             for fd in stdio:
                 os.close(fd)
+            if restore is not None:
+                self.raise_oom_score(restore)
         run = Run(msg["id"], proc, float(msg["grace"]))
         self.runs[run.id] = run
         self.mains[run.pid] = run
         self.send(op="spawned", id=run.id, pid=run.pid)
+
+    @staticmethod
+    def raise_oom_score(value: object) -> str | None:
+        """Set our ``oom_score_adj`` (the command inherits it) and return the old value, or
+        None. Raising it needs no privilege, and going back down to where we started is
+        allowed too: commands, not the supervisor, are what the OOM killer picks first. (The
+        file is opened once at start: a non-dumpable process's /proc files are root's.)"""
+        if OOM_FD < 0 or not isinstance(value, (int, str)):
+            return None
+        try:
+            old = os.pread(OOM_FD, 32, 0).decode().strip()
+            os.pwrite(OOM_FD, f"{value}\n".encode(), 0)
+        except OSError:
+            return None
+        return old
 
     def reap(self) -> None:
         while True:
@@ -391,6 +555,21 @@ class Runner:
         self.reap()
 
 
+def connect(path: str) -> socket.socket:
+    """Inside a container: connect to the host's socket (the host unlinks it once we are in).
+    A Python too old to serve, or no socket to reach, hands over to ``sleep infinity``: the
+    host then runs commands through the engine's exec path."""
+    try:
+        if not hasattr(socket, "recv_fds") or not hasattr(os, "waitstatus_to_exitcode"):
+            raise OSError("this Python is older than 3.9")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+    except OSError as exc:
+        sys.stderr.write(f"sandboxrun runner: cannot serve here ({exc}): sleeping\n")
+        os.execvp("sleep", ["sleep", "infinity"])  # noqa: S606 - no shell, fixed argv
+    return sock
+
+
 def main() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -403,13 +582,19 @@ def main() -> None:
         signal.signal(number, lambda *_: None)
     for number in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
         signal.signal(number, lambda *_: None)
-    plan = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    global OOM_FD
+    try:
+        OOM_FD = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        OOM_FD = -1
+    connecting = sys.argv[1] == "--connect"
+    plan = json.loads(sys.argv[2]) if len(sys.argv) > 2 and not connecting else {}
     if not plan.pop("holder", False):  # commands of the same uid cannot read our memory
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     # A namespace holder (systemd-scope) stays dumpable: each run's launcher joins its
     # namespaces through its pidfd, which needs ptrace-read access; the commands there are in
     # a Landlock domain of their own, which cannot ptrace the holder.
-    sock = socket.socket(fileno=int(sys.argv[1]))
+    sock = connect(sys.argv[2]) if connecting else socket.socket(fileno=int(sys.argv[1]))
     sock.set_inheritable(False)
     runner = Runner(sock)
     if plan:  # confine ourselves: every command inherits it (see sandboxrun/_confine.py)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MARKER_VAR = "SANDBOXRUN_RUN_ID"
@@ -50,6 +51,19 @@ def marker_of(pid: int) -> str | None:
                     return item[len(prefix) :].decode(errors="replace")
     except OSError:
         pass
+    return None
+
+
+def owner_by_marker(pid: int, table: Mapping[int, Proc]) -> str | None:
+    """The run of ``pid``'s nearest ancestor (itself first) with a run marker, walking only
+    through ``table``; None when no process on the way carries one."""
+    seen: set[int] = set()
+    while pid in table and pid not in seen:
+        seen.add(pid)
+        mark = marker_of(pid)
+        if mark is not None:
+            return mark
+        pid = table[pid].ppid
     return None
 
 

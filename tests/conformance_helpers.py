@@ -23,17 +23,22 @@ def container_processes(backend: DockerBackend) -> list[str]:
     else:
         top = backend.client.api.top(backend.container_id, ps_args="-eo pid,args")
     column = top["Titles"].index("COMMAND") if "COMMAND" in top["Titles"] else -1
-    return [str(row[column]) for row in top["Processes"]]
+    pid = top["Titles"].index("PID") if "PID" in top["Titles"] else 0
+    own = {backend.init_pid, backend.supervisor_pid, *backend.keep} - {None}
+    # the container's own processes (init, main, the supervisor) by their host pids
+    return [str(row[column]) for row in top["Processes"] if int(row[pid]) not in own]
 
 
 async def assert_container_clean(sb: Sandbox) -> None:
-    """On docker, only the init and the idle main process may be left in the container."""
+    """On docker, only the init and the main process (the supervisor, or an idle ``sleep``)
+    may be left in the container."""
     backend = sb.backend
     if not isinstance(backend, DockerBackend):
         return
     for _ in range(20):  # a killed process may stay a zombie until its parent reaps it
         procs = await anyio.to_thread.run_sync(container_processes, backend)
-        extra = [p for p in procs if "sleep infinity" not in p and "docker-init" not in p]
+        main = ("docker-init", "sleep infinity")
+        extra = procs if backend.init_pid else [p for p in procs if not any(m in p for m in main)]
         if not extra:
             return
         await anyio.sleep(0.1)

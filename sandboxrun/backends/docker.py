@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,12 @@ import anyio.to_thread
 import docker.errors
 from docker import DockerClient
 
-from sandboxrun import docker_seccomp, dockerapi, proctree
-from sandboxrun.argv import shell_argv, wrapped_argv
+from sandboxrun import docker_seccomp, dockerapi, login, proctree
 from sandboxrun.backends import Probe, docker_cgroup
 from sandboxrun.backends import docker_config as cfg
-from sandboxrun.backends.docker_run import DockerRun
+from sandboxrun.backends import docker_supervisor as sv
+from sandboxrun.backends.docker_run import DockerRun, start_timeout
+from sandboxrun.backends.supervised import Checks, supervised_exec
 from sandboxrun.errors import BackendError, SandboxUnavailableError
 from sandboxrun.images import BASE_IMAGE
 from sandboxrun.models import BackendName, ExecResult, Limits, Policy
@@ -38,6 +41,7 @@ from sandboxrun.process import (
     supervise_request,
 )
 from sandboxrun.proctree import MARKER_VAR
+from sandboxrun.runner_client import RunnerClient
 from sandboxrun.spec import ExecRequest
 
 CLOSE_BUDGET_S = 15.0
@@ -138,14 +142,45 @@ class DockerBackend:
         """The limits the container's cgroup really shows (local engines), else None."""
         self.close_errors: list[str] = []
         """What closing could not do (a container left behind), one sentence each."""
+        self.supervisor: RunnerClient | None = None
+        """The supervisor inside the container (``docker_supervisor``), once it connected;
+        None: commands go through the engine's exec API (no python3, remote engine)."""
+        self.want_supervisor = engine_socket() is not None
+        """Whether to start one: the host directory it comes from must be on the engine's
+        host (a local unix socket; ``SANDBOXRUN_DOCKER_SUPERVISOR=0`` turns it off)."""
+        if os.environ.get("SANDBOXRUN_DOCKER_SUPERVISOR", "1") == "0":
+            self.want_supervisor = False
+        self._rendezvous: sv.Rendezvous | None = None
+        self.supervisor_pid: int | None = None
+        """The supervisor's host pid (local engines), once it connected."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def open(self) -> None:
-        await anyio.to_thread.run_sync(self._open_sync)
+        conn = await anyio.to_thread.run_sync(self._open_sync)
+        if conn is not None:
+            supervisor = RunnerClient()
+            try:
+                await supervisor.attach(conn, start_timeout(self.limits.cpus))
+            except BaseException:  # cancelled, or no ready: the caller's close removes the rest
+                conn.close()
+                raise
+            self.supervisor = supervisor
 
-    def _open_sync(self) -> None:
+    def _open_sync(self) -> socket.socket | None:
         client = self.client = dockerapi.connect()
-        cid = self._create()
+        parent = sv.parent_dir(self.workspace.root) if self.want_supervisor else None
+        if parent is not None:
+            self._rendezvous = sv.Rendezvous(parent)
+        try:
+            cid = self._create()
+        except BackendError as exc:
+            if self._rendezvous is None or "bind source path does not exist" not in str(exc):
+                raise
+            # the engine does not see this host's files (docker-in-docker, a VM, ssh):
+            # the sandbox runs without a supervisor, through the engine's exec path
+            self._rendezvous.close()
+            self._rendezvous = None
+            cid = self._create()
         if not self._start(cid):
             self.seccomp = False
             log.warning(
@@ -171,6 +206,43 @@ class DockerBackend:
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
             self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
+        return self._meet_supervisor()
+
+    def _meet_supervisor(self) -> socket.socket | None:
+        """Our end of the supervisor's connection, or None: the image cannot run one (a
+        ``sleep`` idles in the container instead) or the engine's processes are not visible
+        here. The supervisor may sit below an entrypoint that forks: any process of the
+        container may be it (nothing else runs there before it connects)."""
+        rendezvous, self._rendezvous = self._rendezvous, None
+        if rendezvous is None:
+            return None
+        init = self.init_pid
+        if not self.local or init is None or self.cgroup_procs is None:
+            rendezvous.close()
+            return None
+        procs = self.cgroup_procs
+
+        def gave_up() -> bool:
+            if not proctree.alive(init):
+                raise BackendError("the sandbox container stopped while its supervisor started")
+            return sv.sleeping(proctree.read_pids(procs) - {init})
+
+        met = rendezvous.accept(
+            start_timeout(self.limits.cpus), lambda pid: sv.descends_from(pid, init), gave_up
+        )
+        if met is None:
+            if not sv.sleeping(proctree.read_pids(procs) - {init}):
+                raise BackendError("the sandbox's supervisor did not connect")
+            return None
+        conn, self.supervisor_pid = met
+        chain: set[int] = set()
+        pid = self.supervisor_pid
+        while pid not in (init, 0) and len(chain) < 64:  # an entrypoint's processes above it
+            chain.add(pid)
+            found = proctree.read_proc(pid)
+            pid = found.ppid if found is not None else 0
+        self.keep = self.keep | frozenset(chain)
+        return conn
 
     def _create(self) -> str:
         assert self.client is not None
@@ -183,6 +255,9 @@ class DockerBackend:
             user=self.user,
             lbls=cfg.labels(self.workspace.root),
             seccomp=docker_seccomp.profile_json() if self.seccomp else None,
+            supervisor=None
+            if self._rendezvous is None
+            else (self._rendezvous.dir, sv.MOUNT, sv.MAIN_COMMAND),
         )
         host = api.create_host_config(**config.pop("host_config"))
         created = dockerapi.once(
@@ -214,7 +289,8 @@ class DockerBackend:
         shows at once what the engine reports a moment later (local engines only)."""
         if not self.init_pid:
             return False
-        return not all(proctree.alive(pid) for pid in (self.init_pid, *self.keep))
+        own = (self.init_pid, *self.keep, *([self.supervisor_pid] if self.supervisor_pid else []))
+        return not all(proctree.alive(pid) for pid in own)
 
     def inspect_state(self) -> dict[str, Any]:
         client, cid = self.client, self.container_id
@@ -228,6 +304,14 @@ class DockerBackend:
         """Remove the container within ``CLOSE_BUDGET_S``; what could not be removed is logged
         and added to ``close_errors`` (it keeps its labels: ``sandboxrun clean`` removes it)."""
         cid = self.container_id
+        supervisor, self.supervisor = self.supervisor, None
+        self.supervisor_pid = None
+        if supervisor is not None:
+            with anyio.move_on_after(1.0):
+                await supervisor.close()
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
         with anyio.move_on_after(CLOSE_BUDGET_S + 2.0) as scope:
             await anyio.to_thread.run_sync(self._close_sync, abandon_on_cancel=True)
         if scope.cancelled_caught and cid is not None:  # a safety net: attempts have deadlines
@@ -261,17 +345,29 @@ class DockerBackend:
         )
 
     def command(self, request: ExecRequest) -> list[str]:
-        if request.script is not None:
-            return shell_argv(request.script, shell=self.shell)
-        assert request.argv is not None
-        return wrapped_argv(request.argv, shell=self.shell)
+        """``login.command``: the argv itself (or ``<shell> -c script``) under a login-shell
+        snapshot, else the per-command login-shell wrapper."""
+        return login.command(request, self.shell)
 
     def env(self, request: ExecRequest) -> dict[str, str]:
+        """Under a login-shell snapshot the whole environment (``login.exec_env``: PATH
+        included; the host's ``HOST_ONLY`` paths only when explicit; ``HOME`` the container's
+        unless given; ``PWD`` the workdir: the supervisor's own would be inherited); else
+        ``docker_config.exec_env`` (``raw``: no wrapper variables)."""
+        marker = (MARKER_VAR, request.run_id)
+        if login.uses_snapshot(request):
+            owned = {marker[0]: marker[1]}
+            if "PWD" not in request.explicit:
+                owned["PWD"] = self.workdir(request)
+            if "HOME" not in request.explicit:
+                owned["HOME"] = cfg.HOME
+            return login.exec_env(request, owned=owned, drop=cfg.HOST_ONLY, utf8_only=True)
+        raw = request.login == "raw"
         return cfg.exec_env(
             request.env,
-            explicit=request.explicit,
-            marker=(MARKER_VAR, request.run_id),
-            prepend=request.path_prepend,
+            explicit=request.explicit - {"PATH"} if raw else request.explicit,
+            marker=marker,
+            prepend=() if raw else request.path_prepend,
         )
 
     def check_request(self, request: ExecRequest) -> None:
@@ -304,6 +400,9 @@ class DockerBackend:
             await self._recycle()
         if self.client is None or self.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
+        if self.supervisor is not None:
+            return await self._exec_supervised(request, facts)
+        facts.via = "engine"
         started = time.monotonic()
         out, err = captures(request)
         run = DockerRun(self, request, out, err)
@@ -324,6 +423,91 @@ class DockerBackend:
             out.close()
             err.close()
         return result, sup.cancel_exc
+
+    async def _exec_supervised(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        """Run through the supervisor in the container (``backends/supervised``); OOM kills
+        and the container's death are read from the host, as is what of the run is left."""
+        supervisor = self.supervisor
+        assert supervisor is not None
+        facts.via = "supervisor"
+        if supervisor.dead or self.dying():
+            self.recycle_needed = True
+            error = BackendError("the sandbox container is not running (it will be recreated)")
+            out, err = captures(request)
+            try:
+                return sandbox_error_result(facts, out, err, time.monotonic(), error), None
+            finally:
+                out.close()
+                err.close()
+        message = {
+            "argv": self.command(request),
+            "env": self.env(request),
+            "cwd": self.workdir(request),
+            "inherit": True,  # the image's environment under it, as ``docker exec`` gives
+            "oom_score_adj": 1000,  # the OOM killer takes a command, not the supervisor
+        }
+        oom: list[int | None] = []
+
+        def before() -> None:
+            oom.append(proctree.oom_kills(self.init_pid) if self.init_pid else None)
+
+        async def verify(run_id: str) -> int:
+            return await anyio.to_thread.run_sync(self._leftovers, run_id)
+
+        async def classify(result: ExecResult) -> ExecResult:
+            if supervisor.dead or self.dying():
+                self.recycle_needed = True
+                return result.model_copy(
+                    update={
+                        "status": "sandbox_error",
+                        "error": "the sandbox container stopped or was removed during the "
+                        f"exec ({supervisor.dead or 'its supervisor is gone'})",
+                    }
+                )
+            after = proctree.oom_kills(self.init_pid) if self.init_pid else None
+            killed = result.status == "failed" and result.signal == "SIGKILL"
+            if killed and None not in (*oom, after) and oom != [after]:
+                return result.model_copy(update={"status": "oom_killed"})
+            return result
+
+        self.active.add(request.run_id)
+        try:
+            return await supervised_exec(
+                supervisor, request, facts, message, Checks(verify, classify, before)
+            )
+        finally:
+            self.active.discard(request.run_id)
+
+    def _leftovers(self, run_id: str) -> int:
+        """What of a run the supervisor said was over is still alive, seen from the host
+        (the container's cgroup: forks and cleared environments cannot hide from it): with
+        no other run active, every process but the container's own; else those whose nearest
+        marked ancestor is this run. Those found in the first look, and what they fork, are
+        killed (a neighbour's run starting meanwhile is never taken for one of them); returns
+        how many could not be."""
+        if not self.cgroup_procs or not self.init_pid:
+            return 0
+        base = self.keep | {self.init_pid}
+        known: set[tuple[int, int]] | None = None
+        deadline = time.monotonic() + 1.0
+        while True:
+            others = frozenset(self.active - {run_id})  # read afresh: execs come and go
+            live = proctree.cgroup_members(self.cgroup_procs, run_id, base=base, others=frozenset())
+            if others:
+                table = {p.pid: p for p in live}
+                live = [p for p in live if proctree.owner_by_marker(p.pid, table) == run_id]
+            if known is None:
+                known = {(p.pid, p.start) for p in live}
+            else:
+                parents = {pid for pid, _ in known}
+                live = [p for p in live if (p.pid, p.start) in known or p.ppid in parents]
+                known |= {(p.pid, p.start) for p in live}
+            if not live or time.monotonic() > deadline:
+                return len(live)
+            proctree.signal_all(live, signal.SIGKILL)
+            time.sleep(0.01)
 
     async def _recycle(self) -> None:
         """Replace the container, once, after the execs still running in it have ended (they

@@ -146,10 +146,13 @@ def host_config(
     user: str,
     lbls: dict[str, str],
     seccomp: str | None = None,
+    supervisor: tuple[Path, str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``APIClient.create_container`` / ``create_host_config``: hardened.
     ``seccomp``: the seccomp profile's JSON text (``docker_seccomp.profile_json``), or None for
-    the engine's default profile."""
+    the engine's default profile. ``supervisor``: ``(host directory, mount point, main
+    command)`` of the in-container supervisor (``docker_supervisor``); the container is then
+    removed by the engine once its main process (the supervisor) exits."""
     memory = limits.memory_bytes or DEFAULT_MEMORY
     host: dict[str, Any] = {
         "init": True,
@@ -173,11 +176,16 @@ def host_config(
         ],
     }
     host["mounts"] += mask_mounts(workspace, policy.mask)
+    command = ["sleep", "infinity"]
+    if supervisor is not None:
+        source, target, command = supervisor
+        host["mounts"].append(Mount(target=target, source=str(source), type="bind", read_only=True))
+        host["auto_remove"] = True
     if limits.cpus is not None:
         host["nano_cpus"] = int(limits.cpus * 1e9)
     return {
         "image": image,
-        "command": ["sleep", "infinity"],
+        "command": command,
         "user": user,
         "labels": lbls,
         "working_dir": str(CONTAINER_ROOT),

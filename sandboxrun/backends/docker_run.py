@@ -21,7 +21,7 @@ from sandboxrun.demux import FrameDecoder, FrameError
 from sandboxrun.errors import BackendError
 from sandboxrun.models import ExecResult
 from sandboxrun.process import KILL_BUDGET_S, Termination
-from sandboxrun.spec import ExecRequest
+from sandboxrun.spec import ExecRequest, StdinStream
 
 if TYPE_CHECKING:
     from sandboxrun.backends.docker import DockerBackend
@@ -224,18 +224,50 @@ class DockerRun:
         return True
 
     async def _write_stdin(self) -> None:
+        """Write the stdin bytes, or forward a ``StdinStream`` until the caller closes it, the
+        socket fails, or the exec has ended (its output closing is not enough: a command may
+        close its output and read on); then half-close the socket. However forwarding stops,
+        the stream is aborted: a waiting ``send`` raises ``BrokenPipeError`` at once."""
         sock, data = self.sock, self.stdin_left
         assert sock is not None and data is not None
-        view = memoryview(data)
-        with suppress(OSError):
+
+        async def send_all(chunk: bytes) -> None:
+            view = memoryview(chunk)
             while view:
                 await anyio.wait_writable(sock)
                 try:
                     view = view[sock.send(view) :]
                 except BlockingIOError:
                     continue
-            sock.shutdown(socket.SHUT_WR)
-        self.stdin_left = None
+
+        if not isinstance(data, StdinStream):
+            with suppress(OSError):
+                await send_all(data)
+                sock.shutdown(socket.SHUT_WR)
+            self.stdin_left = None
+            return
+        stream = data
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def forward() -> None:
+                    with suppress(OSError):
+                        while (chunk := await stream.receive()) is not None:
+                            await send_all(chunk)
+                            stream.written()
+                        sock.shutdown(socket.SHUT_WR)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(forward)
+                await self.eof_event.wait()
+                # the output closed; the exec may still run and read (wait_exit sets exit_info
+                # once it has ended, and has no event for it)
+                while self.exit_info is None:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+        finally:
+            stream.abort()
+            self.stdin_left = None
 
     # -- exit -------------------------------------------------------------------------------
     async def wait_exit(self) -> int | None:

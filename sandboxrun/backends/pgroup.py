@@ -8,42 +8,22 @@ visible, and termination sweeps the whole tree. It gives ``own-session`` and
 
 from __future__ import annotations
 
-import errno
-import os
 import shutil
 import sys
-import time
-from contextlib import suppress
 from pathlib import Path
 
-import anyio
-import anyio.to_thread
-import psutil
-
-from sandboxrun.argv import join_path_prepend, shell_argv, wrapper_env
+from sandboxrun import login
+from sandboxrun.argv import join_path_prepend, wrapper_env
 from sandboxrun.backends import Probe
-from sandboxrun.capture import StreamCapture
-from sandboxrun.errors import BackendError
+from sandboxrun.backends.supervised import ANSWER_MARGIN_S, supervised_exec
 from sandboxrun.isolation import LocalPlan, plan_for, probe_host
 from sandboxrun.models import BackendName, ExecResult, Policy
-from sandboxrun.pipes import FdPump, output_pipe
-from sandboxrun.process import (
-    KILL_BUDGET_S,
-    RunFacts,
-    Termination,
-    build_result,
-    captures,
-    finish_result,
-    sandbox_error_result,
-    supervise_request,
-)
-from sandboxrun.runner_client import Channel, RunnerClient
+from sandboxrun.process import KILL_BUDGET_S, RunFacts
+from sandboxrun.proctree import MARKER_VAR
+from sandboxrun.runner_client import RunnerClient
 from sandboxrun.spec import ExecRequest
 
-MARKER_VAR = "SANDBOXRUN_RUN_ID"
 ISOLATION = ("own-session", "descendant-sweep")
-SPAWN_TIMEOUT_S = 10.0
-ANSWER_MARGIN_S = 5.0
 
 
 def probe_pgroup(policy: Policy | None = None) -> Probe:
@@ -54,72 +34,24 @@ def probe_pgroup(policy: Policy | None = None) -> Probe:
     return Probe("process-group", True, None, (*ISOLATION, *layers), support)
 
 
-def spawn_exit_code(err: int) -> int:
-    """Shell conventions: 127 not found, 126 found but not executable / not runnable."""
-    return 127 if err in (errno.ENOENT, errno.ENOTDIR) else 126
-
-
-class _Run:
-    """The ``RunHandle`` of one command under the runner."""
-
-    def __init__(
-        self,
-        client: RunnerClient,
-        channel: Channel,
-        streams: list[tuple[int, StreamCapture]],
-        stdin: tuple[int, bytes] | None,
-    ) -> None:
-        self._client = client
-        self._channel = channel
-        self._pump = FdPump(streams, stdin)
-        self._termination: Termination | None = None
-
-    async def wait_exit(self) -> int | None:
-        channel = self._channel
-        if self._termination is None or channel.terminated is not None:
-            await self._client.wait_for(lambda: channel.exited is not None or channel.lost)
-        # else: the runner failed to terminate; the marker sweep was the fallback, no status
-        return None if channel.exited is None else channel.exited.get("status")
-
-    async def terminate(self, grace_s: float) -> Termination:
-        if self._termination is None:
-            self._termination = await self._terminate(grace_s)
-        return self._termination
-
-    async def _terminate(self, grace_s: float) -> Termination:
-        channel = self._channel
-        if channel.terminated is None and not channel.lost:
-            with suppress(BackendError):
-                await self._client.terminate(channel.run_id, grace_s)
-        with anyio.move_on_after(grace_s + KILL_BUDGET_S + ANSWER_MARGIN_S):
-            await self._client.wait_for(lambda: channel.terminated is not None or channel.lost)
-        done = channel.terminated
-        if done is None:  # the runner died or does not answer: find the run by its marker
-            survivors = await anyio.to_thread.run_sync(sweep_marked, channel.run_id, grace_s)
-            reason = self._client.dead or "the runner did not answer the terminate request"
-            return Termination(survivors=survivors, error=reason)
-        rss = done.get("maxrss_kb")
-        return Termination(
-            survivors=int(done["survivors"]),
-            cpu_s=round(float(done["cpu_s"]), 6),
-            peak_rss_bytes=int(rss) * 1024 if rss else None,
-        )
-
-    def close_stdin(self) -> None:
-        self._pump.close_stdin()
-
-    async def pump(self) -> None:
-        await self._pump.pump()
-
-
 def local_env(request: ExecRequest, plan: LocalPlan | None = None) -> dict[str, str]:
-    """The command's environment on the host: the built env (with the sandbox's private
-    ``HOME`` and ``TMPDIR`` under the isolation layer), the run marker, PATH prepends
-    (in shell mode applied by the login shell after the profile, which also re-applies an
-    explicit PATH: the profile may assign PATH)."""
+    """The command's environment on the host: under a login-shell snapshot
+    (``login.exec_env``) the snapshot, the request's own variables, the sandbox's private
+    ``HOME`` and ``TMPDIR`` (isolation layer), ``PWD`` (the workdir: no shell sets it for an
+    argv; the workspace is at the same path inside), each unless given, the run marker, PATH
+    prepends; else the built env (with that ``HOME`` and ``TMPDIR``), the marker, and PATH
+    prepends (``each``: applied by the login shell after the profile, which also re-applies an
+    explicit PATH: the profile may assign PATH; ``raw``: on the host)."""
+    if login.uses_snapshot(request):
+        owned = {} if plan is None else plan.command_env({}, request.explicit)
+        if "PWD" not in request.explicit:
+            owned["PWD"] = str(request.workdir)
+        owned[MARKER_VAR] = request.run_id
+        return login.exec_env(request, owned=owned)
     env = dict(request.env) if plan is None else plan.command_env(request.env, request.explicit)
     env[MARKER_VAR] = request.run_id
-    if request.script is not None:
+    direct = request.login == "raw" or (request.direct_argv and request.script is None)
+    if not direct:
         explicit = env.get("PATH") if "PATH" in request.explicit else None
         env.update(wrapper_env(explicit_path=explicit, prepend=request.path_prepend))
     elif request.path_prepend:
@@ -129,38 +61,11 @@ def local_env(request: ExecRequest, plan: LocalPlan | None = None) -> dict[str, 
 
 
 def local_command(request: ExecRequest) -> list[str]:
-    """The argv that runs ``request`` on the host (argv mode as is; shell mode via bash/sh)."""
-    if request.script is None:
-        assert request.argv is not None
-        return list(request.argv)
-    shell = shutil.which("bash", path=request.env.get("PATH")) or shutil.which(
-        "sh", path=request.env.get("PATH")
-    )
-    return shell_argv(request.script, shell=shell or "/bin/sh")
-
-
-def sweep_marked(run_id: str, grace_s: float) -> int:
-    """Last resort when the runner is gone: find the run's processes by their environment
-    marker, TERM, grace, KILL. Returns how many are still alive."""
-
-    def marked() -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            with suppress(psutil.Error):
-                if proc.environ().get(MARKER_VAR) == run_id:
-                    found.append(proc)
-        return found
-
-    procs = marked()
-    for proc in procs:
-        with suppress(psutil.Error):
-            proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        with suppress(psutil.Error):
-            proc.kill()
-    _, alive = psutil.wait_procs(alive, timeout=2.0)
-    return len(alive)
+    """The argv that runs ``request`` on the host (``login.command``; the default shell is
+    the host's bash, else sh)."""
+    path = request.env.get("PATH")
+    shell = shutil.which("bash", path=path) or shutil.which("sh", path=path)
+    return login.command(request, shell or "/bin/sh", local=True)
 
 
 class ProcessGroupBackend:
@@ -201,89 +106,10 @@ class ProcessGroupBackend:
     async def exec(
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:
-        started = time.monotonic()
-        out, err = captures(request)
-        fds: list[int] = []
-        try:
-            out_r, out_w = output_pipe()
-            fds += [out_r, out_w]
-            err_r, err_w = output_pipe()
-            fds += [err_r, err_w]
-            if request.stdin is None:
-                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
-                fds.append(in_r)
-            else:
-                in_r, in_w = os.pipe2(os.O_CLOEXEC)
-                fds += [in_r, in_w]
-                os.set_blocking(in_w, False)
-            channel = self._client.open_channel(request.run_id)
-            try:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        spawn_error = await self._spawn(channel, request, [in_r, out_w, err_w])
-                    except BackendError as exc:
-                        return sandbox_error_result(facts, out, err, started, exc), None
-                    for fd in (in_r, out_w, err_w):
-                        fds.remove(fd)
-                        os.close(fd)
-                if spawn_error is not None:
-                    return spawn_error_result(facts, spawn_error, out, err, started), None
-                run = _Run(
-                    self._client,
-                    channel,
-                    [(out_r, out), (err_r, err)],
-                    None if request.stdin is None else (in_w, request.stdin),
-                )
-                if request.stdin is not None:
-                    fds.remove(in_w)  # the pump owns it now
-                try:
-                    sup = await supervise_request(run, request, started)
-                finally:
-                    run.close_stdin()
-            finally:
-                self._client.close_channel(request.run_id)
-        finally:
-            for fd in fds:
-                with suppress(OSError):
-                    os.close(fd)
-            out.close()
-            err.close()
-        return build_result(facts, sup, out, err), sup.cancel_exc
-
-    async def _spawn(
-        self, channel: Channel, request: ExecRequest, stdio: list[int]
-    ) -> dict[str, object] | None:
-        """Send the spawn; return the runner's spawn_error message, or None when it started."""
+        facts.via = "supervisor"
         message = {
             "argv": self.command(request),
             "env": local_env(request, self._plan),
             "cwd": str(request.workdir),
-            "grace": request.limits.grace_s,
         }
-        await self._client.spawn(channel, message, stdio)
-        with anyio.move_on_after(SPAWN_TIMEOUT_S):
-            await self._client.wait_for(lambda: channel.spawned is not None or channel.lost)
-        if channel.spawned is None:
-            with suppress(BackendError):  # should it spawn late, it must not run unwatched
-                await self._client.terminate(channel.run_id, 0.0)
-            raise BackendError(self._client.dead or "the runner did not answer the spawn request")
-        return channel.spawned if channel.spawned["op"] == "spawn_error" else None
-
-
-def spawn_error_result(
-    facts: RunFacts,
-    reply: dict[str, object],
-    out: StreamCapture,
-    err: StreamCapture,
-    started: float,
-) -> ExecResult:
-    code = reply.get("errno")
-    return finish_result(
-        facts,
-        status="spawn_error",
-        exit_code=spawn_exit_code(code if isinstance(code, int) else 0),
-        stdout=out,
-        stderr=err,
-        duration_s=time.monotonic() - started,
-        error=str(reply.get("error")),
-    )
+        return await supervised_exec(self._client, request, facts, message)

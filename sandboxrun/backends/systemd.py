@@ -22,7 +22,8 @@ import psutil
 
 from sandboxrun.backends import Probe, log
 from sandboxrun.backends import systemd_config as cfg
-from sandboxrun.backends.pgroup import local_command, local_env, spawn_exit_code
+from sandboxrun.backends.pgroup import local_command, local_env
+from sandboxrun.backends.supervised import spawn_exit_code
 from sandboxrun.backends.systemd_run import ScopeRun, read_text
 from sandboxrun.errors import BackendError
 from sandboxrun.isolation import LocalPlan, ns_differs, plan_for, probe_host
@@ -340,6 +341,7 @@ class SystemdScopeBackend:
         if self._tools is None:
             await self.open()
         assert self._tools is not None
+        facts.via = "scope"
         started = time.monotonic()
         out, err = captures(request)
         fds: list[int] = []

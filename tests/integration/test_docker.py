@@ -177,6 +177,11 @@ async def test_one_labelled_hardened_container_while_open_and_none_after(
 
     mounts = info["Mounts"]
     binds = [m for m in mounts if m["Type"] == "bind"]
+    # the workspace, and the supervisor's private directory (read-only, gone from the host)
+    supervisor = [m for m in binds if m["Destination"] == "/run/sandboxrun"]
+    assert len(supervisor) == 1 and supervisor[0]["RW"] is False, mounts
+    assert not Path(supervisor[0]["Source"]).exists()
+    binds = [m for m in binds if m not in supervisor]
     assert len(binds) == 1, mounts
     assert binds[0]["Destination"] == "/workspace"
     assert binds[0]["Source"] == str(workspace.resolve())
@@ -561,7 +566,8 @@ async def test_escaping_workdir_is_refused_before_any_container_call(
         assert sb.last_result is None
         fine = await sb.exec(["pwd"], workdir="sub")  # the check does see a real exec
         assert fine.stdout == "/workspace/sub\n"
-        assert len(exec_creates(engine, since, cid)) == 1
+        # through the supervisor no command is an engine exec at all
+        assert len(exec_creates(engine, since, cid)) == (fine.via == "engine")
     assert not (outside / "escaped").exists()
 
 
@@ -817,6 +823,37 @@ RACE = (
 )
 
 
+@pytest.fixture
+def engine_path_for_kill_1(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """``kill 1`` ends a container whose main process is a ``sleep`` (the engine's exec path);
+    the supervisor ignores the TERM the init forwards (as on the local backends, a command
+    cannot end its sandbox that way: ``test_kill_1_does_not_end_a_supervised_sandbox``)."""
+    params = getattr(request.node, "callspec", None)
+    scenario = " ".join(str(v) for v in (params.params.values() if params else ()))
+    if "kill 1" in scenario:
+        monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")
+
+
+async def test_kill_1_does_not_end_a_supervised_sandbox(workspace: Path) -> None:
+    async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
+
+        async def victim() -> ExecResult:
+            return await sb.exec(shell="echo up; sleep 1.5; echo still", timeout=20)
+
+        async with anyio.create_task_group() as tg:
+            got: list[ExecResult] = []
+            tg.start_soon(lambda: _append(got, victim()))
+            await anyio.sleep(0.5)
+            killer = await sb.exec(shell="kill 1; kill -TERM 1; kill -INT 1; sleep 0.2")
+    assert killer.status == "completed", killer
+    assert got[0].status == "completed" and got[0].stdout == "up\nstill\n", got[0]
+    assert got[0].via == "supervisor"
+
+
+async def _append(into: list[ExecResult], result: Any) -> None:
+    into.append(await result)
+
+
 async def kill_from_another_exec(
     workspace: Path, killer: str, user: str | None
 ) -> tuple[ExecResult, ExecResult, float]:
@@ -839,6 +876,7 @@ async def kill_from_another_exec(
 
 @pytest.mark.parametrize("killer", ["kill 1", "kill -9 -1"])
 @pytest.mark.parametrize("user", [None, "1000:1000"])
+@pytest.mark.usefixtures("engine_path_for_kill_1")
 async def test_container_killed_from_another_exec_never_completes_nor_hangs(
     workspace: Path, engine: docker.DockerClient, killer: str, user: str | None
 ) -> None:
@@ -852,6 +890,7 @@ async def test_container_killed_from_another_exec_never_completes_nor_hangs(
 
 @pytest.mark.parametrize("killer", ["kill 1", "kill -9 -1"])
 @pytest.mark.parametrize("user", [None, "1000:1000"])
+@pytest.mark.usefixtures("engine_path_for_kill_1")
 async def test_container_killed_from_another_exec_is_sandbox_error(
     workspace: Path, engine: docker.DockerClient, killer: str, user: str | None
 ) -> None:
@@ -872,6 +911,7 @@ async def test_container_killed_from_another_exec_is_sandbox_error(
         "kill -9 -1",
     ],
 )
+@pytest.mark.usefixtures("engine_path_for_kill_1")
 async def test_exec_that_kills_init_itself_is_always_sandbox_error(
     workspace: Path, script: str
 ) -> None:
@@ -884,8 +924,9 @@ async def test_exec_that_kills_init_itself_is_always_sandbox_error(
 
 
 async def test_init_killed_by_a_leftover_of_the_exec_is_not_completed(
-    workspace: Path, engine: docker.DockerClient
+    workspace: Path, engine: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")  # `kill 1` ends only a `sleep`
     limits = Limits(grace_s=2.0, drain_s=0.5)
     async with Sandbox(workspace, backend="docker", limits=limits) as sb:
         cid = backend_of(sb).container_id

@@ -30,6 +30,15 @@ from sandboxrun.models import Policy
 
 pytestmark = pytest.mark.anyio
 
+
+@pytest.fixture(autouse=True)
+def engine_exec_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These faults are the engine's: its exec stream and its removal. With the supervisor
+    no command crosses the engine, and a container the engine fails to remove removes itself
+    once its supervisor exits (``test_docker_supervisor.py``)."""
+    monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")
+
+
 CLI = [sys.executable, "-m", "sandboxrun"]
 MiB = 1 << 20
 
