@@ -45,15 +45,17 @@ async def test_killed_by_a_signal_it_sent_itself(workspace: Path, backend: str) 
     assert (result.status, result.exit_code, result.signal) == ("failed", None, "SIGTERM")
 
 
-def spawn_status(backend: str) -> str:
-    """Local backends see the exec fail. In a container the login shell's ``exec`` fails and
-    exits 126/127, which cannot be told from a command that exits so itself (docs/docker.md)."""
-    return "failed" if backend == "docker" else "spawn_error"
+def spawn_status(result: ExecResult) -> str:
+    """The supervisor (local backends, docker's in-container one) sees the exec fail: under the
+    login-shell snapshot an argv runs with no shell in between. Docker's engine path execs
+    through its start stub, whose ``exec`` fails and exits 126/127, which cannot be told from
+    a command that exits so itself (docs/docker.md)."""
+    return "failed" if result.backend == "docker" and result.via == "engine" else "spawn_error"
 
 
 async def test_command_not_found_is_spawn_error_127(workspace: Path, backend: str) -> None:
     result = await run(workspace, backend, "no-such-command-sandboxrun")
-    assert result.status == spawn_status(backend)
+    assert result.status == spawn_status(result)
     assert result.exit_code == 127
     assert result.stdout == ""
 
@@ -63,7 +65,7 @@ async def test_not_executable_is_spawn_error_126(workspace: Path, backend: str) 
     script.write_text("#!/bin/sh\necho no\n")
     script.chmod(0o644)
     result = await run(workspace, backend, "./not-exec.sh")
-    assert result.status == spawn_status(backend)
+    assert result.status == spawn_status(result)
     assert result.exit_code == 126
     assert result.stdout == ""
 

@@ -105,7 +105,9 @@ def test_pgroup_env_and_script_bytes_arrive_exactly(workspace: Path) -> None:
 def test_pgroup_dry_run_prints_the_exact_bytes(workspace: Path) -> None:
     proc = cli("run", "-b", "process-group", "-w", str(workspace), "--dry-run", "--", "echo", FF)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == b"echo '\xff'\n"
+    # the per-command login-shell form (the login-shell snapshot is only taken by a real run)
+    assert b" -lc " in proc.stdout
+    assert proc.stdout.endswith(b" sandboxrun echo '\xff'\n")
 
 
 def test_pgroup_odd_workspace_and_workdir(tmp_path: Path) -> None:
