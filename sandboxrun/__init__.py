@@ -10,10 +10,18 @@ from sandboxrun.errors import (
     ExecError,
     InputError,
     PolicyRefusedError,
+    SandboxFileError,
+    SandboxFileNotFoundError,
+    SandboxFileTooLargeError,
+    SandboxIsADirectoryError,
+    SandboxNotADirectoryError,
+    SandboxPermissionError,
     SandboxrunError,
     SandboxUnavailableError,
     WorkspaceError,
 )
+from sandboxrun.files import DirEntry
+from sandboxrun.jobs import Job, JobChunk, JobLines
 from sandboxrun.models import Denial, ExecResult, Limits, Policy
 from sandboxrun.sandbox import Sandbox, run
 
@@ -23,14 +31,24 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "Denial",
+    "DirEntry",
     "EnvError",
     "ExecError",
     "ExecResult",
     "InputError",
+    "Job",
+    "JobChunk",
+    "JobLines",
     "Limits",
     "Policy",
     "PolicyRefusedError",
     "Sandbox",
+    "SandboxFileError",
+    "SandboxFileNotFoundError",
+    "SandboxFileTooLargeError",
+    "SandboxIsADirectoryError",
+    "SandboxNotADirectoryError",
+    "SandboxPermissionError",
     "SandboxUnavailableError",
     "SandboxrunError",
     "WorkspaceError",

@@ -15,6 +15,7 @@ and ``close`` call it, so a timed-out or cancelled run keeps its last bytes too.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -51,6 +52,23 @@ class LiveSink(Protocol):
         ...
 
 
+class Activity:
+    """Signs of life of one run, shared by its two captures, for the idle timeout: when the
+    last output byte arrived on either stream (``last``, ``time.monotonic``; 0.0: none yet),
+    and how many read loops a congested live sink holds back right now (``held``): then the
+    reader is slow, not the command, and the run is not idle."""
+
+    __slots__ = ("__weakref__", "held", "last")
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.held = 0
+
+    def latest(self, now: float) -> float:
+        """The last sign of life as of ``now`` (``now`` itself while a read loop is held)."""
+        return now if self.held else self.last
+
+
 @dataclass(frozen=True, slots=True)
 class StreamReport:
     """What a run produced on one stream; maps onto the ``stdout_*`` / ``stderr_*`` fields."""
@@ -70,7 +88,8 @@ class StreamCapture:
     ``spill_max > 0`` and ``spill_dir`` is given) and is seeded with everything seen so far, so
     it always holds a prefix of the stream. ``sink``, if given, sees every non-empty chunk
     before it is buffered; its exceptions propagate. ``redactor``, if given, masks the stream
-    before any of them sees it.
+    before any of them sees it. ``activity`` (shared by a run's two captures) is touched by
+    every chunk fed and every wait on a congested sink.
     """
 
     def __init__(
@@ -81,8 +100,10 @@ class StreamCapture:
         spill_dir: SpillDir | None,
         sink: Sink | None = None,
         redactor: Redactor | None = None,
+        activity: Activity | None = None,
     ) -> None:
         self.name: StreamName = name
+        self.activity = activity if activity is not None else Activity()
         self.spill_max = spill_max
         self.spill_dir = spill_dir
         self.spill_error: str | None = None
@@ -103,6 +124,8 @@ class StreamCapture:
 
     def feed(self, chunk: bytes) -> None:
         """Record ``chunk``; empty chunks are ignored (and not passed to the sink)."""
+        if chunk:
+            self.activity.last = time.monotonic()
         if self._redactor is not None:
             chunk = self._redactor.feed(chunk)
         self._record(chunk)
@@ -137,10 +160,17 @@ class StreamCapture:
         """Backpressure: return once the live sink can take more of this stream (at once when
         it is not congested). Cancellable: a deadline still fires while the reader is slow."""
         flow = self._flow
-        # Polled: the sink drains in a thread, which cannot set an anyio.Event without a
-        # portal; a 2 ms poll costs nothing next to a reader that is behind by megabytes.
-        while flow is not None and self._sink is not None and flow.congested(self.name):  # noqa: ASYNC110
-            await anyio.sleep(SINK_POLL_S)
+        if flow is None or self._sink is None or not flow.congested(self.name):
+            return
+        self.activity.held += 1  # held back by the reader: the run is not idle meanwhile
+        try:
+            # Polled: the sink drains in a thread, which cannot set an anyio.Event without a
+            # portal; a 2 ms poll costs nothing next to a reader that is behind by megabytes.
+            while self._sink is not None and flow.congested(self.name):  # noqa: ASYNC110
+                await anyio.sleep(SINK_POLL_S)
+        finally:
+            self.activity.held -= 1
+            self.activity.last = time.monotonic()  # the idle clock starts again from here
 
     def keep_if_lossy(self) -> None:
         """If the live sink did not (or may not) deliver all of the stream and the stream is

@@ -44,6 +44,7 @@ app = typer.Typer(
 EXIT_USAGE = 2
 OPTION_OF = {
     "timeout_s": "--timeout",
+    "idle_timeout_s": "--idle-timeout",
     "grace_s": "--grace",
     "max_output": "--max-output",
     "spill_max": "--spill-max",
@@ -137,6 +138,9 @@ def summary(result: ExecResult, live: dict[str, StreamStats] | None = None) -> s
     parts = live_notes(result, live or {})
     if result.timed_out:
         parts.append(f"timed out after {result.duration_s:.1f}s")
+        if result.timeout_kind == "idle":
+            idle = [p for p in (result.error or "").split("; ") if p.endswith("(idle timeout)")]
+            parts[-1] += f": {idle[0] if idle else 'no output (idle timeout)'}"
     for name in ("stdout", "stderr"):
         if getattr(result, f"{name}_truncated"):
             dropped = getattr(result, f"{name}_dropped_bytes")
@@ -221,6 +225,15 @@ def run(
     policy: Annotated[Access, typer.Option("--policy")] = "workspace-write",
     network: Annotated[Literal["none", "on"], typer.Option("--network")] = "none",
     timeout: Annotated[float | None, typer.Option("-t", "--timeout")] = None,
+    idle_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--idle-timeout",
+            metavar="SECONDS",
+            help="end the run (as timed out, exit 124) after SECONDS without any output "
+            "on stdout or stderr; default: none",
+        ),
+    ] = None,
     grace: Annotated[float, typer.Option("--grace")] = 3.0,
     max_output: Annotated[str, typer.Option("--max-output")] = "64k",
     spill_max: Annotated[str, typer.Option("--spill-max")] = "64m",
@@ -229,6 +242,14 @@ def run(
     pass_proxy: Annotated[bool, typer.Option("--pass-proxy")] = False,
     path_prepend: Annotated[list[str] | None, typer.Option("--path-prepend")] = None,
     shell: Annotated[bool, typer.Option("--shell", help="COMMAND is one shell string")] = False,
+    login_shell: Annotated[
+        str | None,
+        typer.Option("--login-shell", help="PATH of the login shell (default: chosen inside)"),
+    ] = None,
+    login_each: Annotated[
+        bool,
+        typer.Option("--login-each", help="a login shell per command (no environment snapshot)"),
+    ] = False,
     memory: Annotated[str | None, typer.Option("--memory")] = None,
     cpus: Annotated[float | None, typer.Option("--cpus")] = None,
     pids: Annotated[int | None, typer.Option("--pids")] = None,
@@ -271,6 +292,7 @@ def run(
             memory_bytes=None if memory is None else parse_size(memory, what="--memory"),
             cpus=cpus,
             pids=pids,
+            idle_timeout_s=idle_timeout,
         )
         live = None if json_out or dry_run else LiveWriter()
         shown_denial = False
@@ -292,6 +314,8 @@ def run(
             path_prepend=path_prepend or [],
             image=image,
             user=user,
+            login="each" if login_each else "snapshot",
+            login_shell=login_shell,
         )
         request = sb.prepare(
             None if shell else command,

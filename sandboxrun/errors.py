@@ -10,6 +10,12 @@
     ├── SandboxUnavailableError     the backend cannot be used here (CLI exit 125)
     ├── PolicyRefusedError          the backend cannot give a guarantee asked for (exit 125)
     ├── BackendError                the backend failed while it was in use (exit 125)
+    ├── SandboxFileError            ``read_file``/``write_file``/``list_dir`` failed (``.path``)
+    │   ├── SandboxFileNotFoundError    also a ``FileNotFoundError``
+    │   ├── SandboxIsADirectoryError    also an ``IsADirectoryError``
+    │   ├── SandboxNotADirectoryError   also a ``NotADirectoryError``
+    │   ├── SandboxPermissionError      also a ``PermissionError`` (masked, read-only too)
+    │   └── SandboxFileTooLargeError    over ``max_bytes`` (``.size``, ``.limit``)
     └── ExecError                   raised only by ``ExecResult.check()``; carries ``.result``
 
 A command that exits non-zero is *data* (``ExecResult.status == "failed"``), never an exception,
@@ -78,6 +84,45 @@ class PolicyRefusedError(SandboxrunError):
 
 class BackendError(SandboxrunError):
     """The backend itself failed while in use (died, lost, protocol error)."""
+
+
+class SandboxFileError(SandboxrunError):
+    """A file operation in the sandbox failed; ``path`` is the path as given, ``errno`` the
+    error number when there is one (a FIFO or a device has none: only regular files and
+    directories are read, written and listed)."""
+
+    def __init__(self, message: str, path: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
+
+
+class SandboxFileNotFoundError(SandboxFileError, FileNotFoundError):
+    """The path (or a directory on the way) does not exist in the sandbox."""
+
+
+class SandboxIsADirectoryError(SandboxFileError, IsADirectoryError):
+    """A file was to be read or written, and the path is a directory."""
+
+
+class SandboxNotADirectoryError(SandboxFileError, NotADirectoryError):
+    """A directory was to be listed (or passed through), and the path is not one."""
+
+
+class SandboxPermissionError(SandboxFileError, PermissionError):
+    """The sandbox may not read or write the path: its mode, a read-only file system or
+    workspace, or a masked path."""
+
+
+class SandboxFileTooLargeError(SandboxFileError):
+    """The file is larger than the ``max_bytes`` it was read with; nothing is returned."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"{path!r} is too large to read: {size} bytes, more than max_bytes={limit}", path
+        )
+        self.size = size
+        self.limit = limit
 
 
 class ExecError(SandboxrunError):

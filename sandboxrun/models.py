@@ -21,6 +21,8 @@ Status = Literal[
 BackendName = Literal["docker", "systemd-scope", "process-group"]
 Access = Literal["read-only", "workspace-write", "danger-full-access"]
 Network = Literal["none", "on"]
+TimeoutKind = Literal["wall", "idle"]
+"""Which deadline ended a ``timed_out`` run: the wall-clock ``timeout`` or the idle timeout."""
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 DEFAULT_SPILL_MAX = 64 * 1024 * 1024
@@ -67,6 +69,10 @@ class Limits(BaseModel):
     memory_bytes: int | None = Field(default=None, gt=0)
     cpus: float | None = None  # at least MIN_CPUS (validated below)
     pids: int | None = Field(default=None, gt=0)
+    idle_timeout_s: float | None = None
+    """End the run like a timeout (``timeout_kind="idle"``) once neither stdout nor stderr has
+    had a byte for this many seconds; time a slow live reader holds the command back does not
+    count. None: no idle timeout (validated below: positive and finite)."""
 
     @field_validator("timeout_s", "max_timeout_s", "grace_s", "drain_s", "cpus")
     @classmethod
@@ -82,12 +88,35 @@ class Limits(BaseModel):
             raise ValueError(f"must be at least {MIN_CPUS} (a hundredth of a CPU), got {value:g}")
         return value
 
+    @field_validator("idle_timeout_s")
+    @classmethod
+    def _idle_positive(cls, value: float | None) -> float | None:
+        return check_idle_timeout(value)
+
+    def with_idle_timeout(self, idle_timeout_s: float | None) -> Limits:
+        """These limits with ``idle_timeout_s`` instead (None: unchanged); ``ValueError`` when
+        it is not a positive finite number of seconds."""
+        if idle_timeout_s is None:
+            return self
+        try:
+            checked = check_idle_timeout(float(idle_timeout_s))
+        except ValueError as exc:
+            raise ValueError(f"idle_timeout {exc}") from None
+        return self.model_copy(update={"idle_timeout_s": checked})
+
     def clamp_timeout(self, timeout_s: float | None) -> float:
         """The effective timeout: the given one (or the default), never above the maximum."""
         chosen = self.timeout_s if timeout_s is None else timeout_s
         if not math.isfinite(chosen) or chosen <= 0:
             raise ValueError(f"timeout must be a positive finite number of seconds, got {chosen}")
         return min(chosen, self.max_timeout_s)
+
+
+def check_idle_timeout(value: float | None) -> float | None:
+    """An idle timeout must be None or a positive finite number of seconds."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be a positive finite number of seconds, got {value:g}")
+    return value
 
 
 LIMIT_GUARANTEES = ("memory-limit", "cpu-limit", "pids-limit")
@@ -149,6 +178,9 @@ class ExecResult(BaseModel):
     exit_code: int | None = None
     signal: str | None = None
     timed_out: bool = False
+    timeout_kind: TimeoutKind | None = None
+    """For a ``timed_out`` run, the deadline that fired: ``wall`` (``timeout``) or ``idle``
+    (no output for ``Limits.idle_timeout_s``; ``error`` says so). None otherwise."""
     duration_s: float
     cpu_s: float | None = None
     peak_rss_bytes: int | None = None
@@ -168,11 +200,17 @@ class ExecResult(BaseModel):
     isolation: list[str] = Field(default_factory=list)
     missing_guarantees: list[str] = Field(default_factory=list)
     fallback_reason: str | None = None
+    via: str | None = None
+    """How the command was started: ``supervisor`` (the sandbox's supervisor: inside the
+    container on docker, the sandbox's runner on process-group), ``engine`` (a docker exec
+    through the Engine API: an image without python3, or a remote engine), ``scope`` (a
+    systemd-run scope); None for runs that never reached a backend."""
     survivors: int = 0
     argv: list[str]
     run_id: str
     error: str | None = None
-    """Human-readable detail for ``spawn_error`` / ``sandbox_error`` (and survivors), else null."""
+    """Human-readable detail for ``spawn_error`` / ``sandbox_error``, an idle timeout ("no
+    output for 5s (idle timeout)") and survivors, else null."""
     denial: Denial | None = None
     """Set when the command failed because the sandbox refused something or a limit was hit;
     an ordinary failure of the program leaves it None."""

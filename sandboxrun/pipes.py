@@ -10,11 +10,14 @@ import anyio
 import anyio.lowlevel
 
 from sandboxrun.capture import StreamCapture
+from sandboxrun.spec import StdinStream
 
 CHUNK = 64 * 1024
 """Read size: reads above glibc's mmap threshold (128 KiB) cost an mmap+munmap each (4x slower)."""
 PIPE_SIZE = 1 << 20
 YIELD_EVERY = 16
+StdinFeed = tuple[int, bytes | StdinStream]
+"""A command's stdin: the write end of its pipe and what to write (bytes then EOF, or a stream)."""
 
 
 def output_pipe() -> tuple[int, int]:
@@ -27,27 +30,36 @@ def output_pipe() -> tuple[int, int]:
 
 
 class FdPump:
-    """Reads every output fd into its capture until EOF and writes stdin, then closes it."""
+    """Reads every output fd into its capture until EOF and writes stdin, then closes it.
 
-    def __init__(
-        self, streams: list[tuple[int, StreamCapture]], stdin: tuple[int, bytes] | None
-    ) -> None:
+    Fixed stdin bytes are written, then EOF. A streamed stdin (``StdinStream``) is forwarded
+    until the caller closes it (EOF after what was sent), the command's end of the pipe is
+    gone (no process holds it any more: the command closed its stdin or has ended), or the
+    pump is cancelled (the run is over); the output ending does not stop it. Whenever the
+    writer stops, the fd is closed and the stream aborted: a waiting ``send`` raises
+    ``BrokenPipeError`` at once. ``pump`` returns once the outputs are at EOF and the writer
+    is done."""
+
+    def __init__(self, streams: list[tuple[int, StreamCapture]], stdin: StdinFeed | None) -> None:
         self._open = list(streams)
         self._stdin = stdin
 
     def close_stdin(self) -> None:
         """Close the stdin fd if the writer has not (idempotent: the pump owns the fd)."""
         if self._stdin is not None:
-            with suppress(OSError):
-                os.close(self._stdin[0])
+            fd, source = self._stdin
             self._stdin = None
+            with suppress(OSError):
+                os.close(fd)
+            if isinstance(source, StdinStream):
+                source.abort()
 
     async def pump(self) -> None:
         async with anyio.create_task_group() as tg:
-            for stream in list(self._open):
-                tg.start_soon(self._read, stream)
             if self._stdin is not None:
                 tg.start_soon(self._write_stdin)
+            for stream in list(self._open):
+                tg.start_soon(self._read, stream)
 
     async def _read(self, stream: tuple[int, StreamCapture]) -> None:
         """Read first, wait only when the pipe is empty (a wait per chunk halves throughput);
@@ -71,17 +83,43 @@ class FdPump:
                 await anyio.lowlevel.checkpoint()
 
     async def _write_stdin(self) -> None:
+        """Write or forward stdin; however it stops (done, the pipe gone, cancelled), the fd is
+        closed: a later ``pump`` (the drain after a cancellation) does not write again."""
         assert self._stdin is not None
-        fd, data = self._stdin
-        view = memoryview(data)
+        fd, source = self._stdin
         try:
-            while view:
-                await anyio.wait_writable(fd)
-                try:
-                    view = view[os.write(fd, view) :]
-                except BlockingIOError:
-                    continue
+            if isinstance(source, StdinStream):
+                await _forward(fd, source)
+            else:
+                await _write_all(fd, source)
         except OSError:  # the command closed its stdin: what it did not read is dropped
             pass
-        os.close(fd)
-        self._stdin = None
+        finally:
+            self.close_stdin()
+
+
+async def _forward(fd: int, stream: StdinStream) -> None:
+    """Write ``stream``'s chunks to the pipe ``fd`` until its EOF or until no process holds the
+    pipe's read end any more (then the write end polls readable: ``EPOLLERR``)."""
+    async with anyio.create_task_group() as tg:
+
+        async def reader_gone() -> None:
+            await anyio.wait_readable(fd)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(reader_gone)
+        with suppress(OSError):  # EPIPE: the command closed its stdin
+            while (chunk := await stream.receive()) is not None:
+                await _write_all(fd, chunk)
+                stream.written()
+        tg.cancel_scope.cancel()
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        await anyio.wait_writable(fd)
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            continue

@@ -1,9 +1,10 @@
 """Supervision of one running command, shared by every backend.
 
 A backend starts the command and hands back a ``RunHandle``; ``supervise`` then applies the
-deadline, drains output with a bounded drain period, terminates the whole managed range
-(TERM -> grace -> KILL, done by the backend), and turns cancellation into a shielded, bounded
-cleanup. ``build_result`` turns the outcome into the public ``ExecResult``.
+deadline (and the idle timeout: no output for a while), drains output with a bounded drain
+period, terminates the whole managed range (TERM -> grace -> KILL, done by the backend), and
+turns cancellation into a shielded, bounded cleanup. ``build_result`` turns the outcome into
+the public ``ExecResult``.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import anyio
 
-from sandboxrun.capture import LiveSink, StreamCapture
-from sandboxrun.models import BackendName, ExecResult, Status
+from sandboxrun.capture import Activity, LiveSink, StreamCapture
+from sandboxrun.models import BackendName, ExecResult, Status, TimeoutKind
 from sandboxrun.spec import ExecRequest
 from sandboxrun.spill import SpillDir, default_spill_root
 
@@ -55,10 +57,48 @@ Reason = Literal["exited", "timeout", "cancel", "lost"]
 @dataclass
 class Supervision:
     reason: Reason = "exited"
+    timeout_kind: TimeoutKind | None = None
+    """With ``reason == "timeout"``: which deadline fired."""
+    idle_s: float | None = None
     wait_status: int | None = None
     termination: Termination = field(default_factory=Termination)
     duration_s: float = 0.0
     cancel_exc: BaseException | None = None
+
+
+async def _quiet_for(activity: Activity, idle_s: float, since: float) -> None:
+    """Return once the run has shown no sign of life (``Activity``) for ``idle_s`` seconds,
+    counting from ``since`` at the earliest. Wakes about once per ``idle_s``, not per chunk."""
+    while True:
+        now = time.monotonic()
+        quiet = now - max(activity.latest(now), since)
+        if quiet >= idle_s:
+            return
+        await anyio.sleep(idle_s - quiet)
+
+
+async def _wait_exit(
+    handle: RunHandle, sup: Supervision, idle_s: float | None, activity: Activity | None
+) -> bool:
+    """Wait for the main process into ``sup.wait_status``; True when it exited (or the backend
+    lost it), False when the idle watchdog fired first (``sup.timeout_kind == "idle"``)."""
+    if idle_s is None or activity is None:
+        sup.wait_status = await handle.wait_exit()
+        return True
+    exited = False
+
+    async def watchdog(scope: anyio.CancelScope) -> None:
+        await _quiet_for(activity, idle_s, time.monotonic())
+        if not exited:
+            sup.timeout_kind = "idle"
+            scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watchdog, tg.cancel_scope)
+        sup.wait_status = await handle.wait_exit()
+        exited = True
+        tg.cancel_scope.cancel()
+    return exited
 
 
 async def _drain(handle: RunHandle, drain_s: float) -> None:
@@ -106,15 +146,21 @@ async def supervise(
     drain_s: float,
     started: float,
     flow: LiveSink | None = None,
+    idle_s: float | None = None,
+    activity: Activity | None = None,
 ) -> Supervision:
     """Run ``handle`` to its end. Never raises the caller's cancellation: it is returned in
     ``Supervision.cancel_exc`` after the cleanup, for the caller to re-raise.
+
+    With ``idle_s`` (and the captures' shared ``activity``), a run that shows no sign of life
+    for ``idle_s`` seconds ends like a timeout (``timeout_kind == "idle"``); the wall-clock
+    ``timeout_s`` still applies, whichever fires first.
 
     With a flow-controlled live sink (``flow``), after a normal exit whose termination left
     nothing alive, the output is read to its end however slow the sink's reader is; the
     duration is taken before that wait. After a timeout or a cancellation, draining stays
     bounded by ``drain_s``: the deadline wins over a slow reader."""
-    sup = Supervision()
+    sup = Supervision(idle_s=idle_s)
     bound = 2 * grace_s + KILL_BUDGET_S + 2 * drain_s + 15.0  # backends' own fallbacks fit
     output_done = anyio.Event()
 
@@ -143,12 +189,16 @@ async def supervise(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(pump)
+            exited = False
             with anyio.move_on_after(timeout_s) as deadline:
-                sup.wait_status = await handle.wait_exit()
-            if deadline.cancelled_caught:
+                exited = await _wait_exit(handle, sup, idle_s, activity)
+            if exited:
+                sup.timeout_kind = None
+                if sup.wait_status is None:
+                    sup.reason = "lost"
+            elif deadline.cancelled_caught or sup.timeout_kind is not None:
                 sup.reason = "timeout"
-            elif sup.wait_status is None:
-                sup.reason = "lost"
+                sup.timeout_kind = sup.timeout_kind or "wall"
             sup.cancel_exc = await uninterruptible(after_exit, anyio.current_time() + bound)
             sup.duration_s = time.monotonic() - started
             everything_gone = sup.reason == "exited" and not sup.termination.survivors
@@ -191,6 +241,8 @@ class RunFacts:
     isolation: list[str]
     missing: list[str]
     fallback_reason: str | None
+    via: str | None = None
+    """How the backend started the command (``ExecResult.via``); set by the backend."""
 
 
 def build_result(
@@ -204,6 +256,9 @@ def build_result(
     error = sup.termination.error
     if sup.reason == "timeout":
         status = "timed_out"
+        if sup.timeout_kind == "idle" and sup.idle_s is not None:
+            note = f"no output for {sup.idle_s:g}s (idle timeout)"
+            error = f"{note}; {error}" if error else note
     elif sup.reason == "cancel":
         status = "cancelled"
     elif sup.reason == "lost":
@@ -226,6 +281,7 @@ def build_result(
         stderr=stderr,
         termination=sup.termination,
         error=error,
+        timeout_kind=sup.timeout_kind,
     )
 
 
@@ -240,8 +296,10 @@ def finish_result(
     signal: str | None = None,
     termination: Termination | None = None,
     error: str | None = None,
+    timeout_kind: TimeoutKind | None = None,
 ) -> ExecResult:
-    """Assemble an ``ExecResult`` (also for runs that never started)."""
+    """Assemble an ``ExecResult`` (also for runs that never started). A ``timed_out`` one
+    without ``timeout_kind`` hit the wall-clock deadline."""
     term = termination or Termination()
     for capture in (stdout, stderr):
         capture.keep_if_lossy()
@@ -252,6 +310,7 @@ def finish_result(
         exit_code=exit_code,
         signal=signal,
         timed_out=status == "timed_out",
+        timeout_kind=(timeout_kind or "wall") if status == "timed_out" else None,
         duration_s=round(duration_s, 6),
         cpu_s=term.cpu_s,
         peak_rss_bytes=term.peak_rss_bytes,
@@ -271,12 +330,18 @@ def finish_result(
         isolation=facts.isolation,
         missing_guarantees=facts.missing,
         fallback_reason=facts.fallback_reason,
+        via=facts.via,
         survivors=term.survivors,
         argv=facts.argv,
         run_id=facts.run_id,
         error=error,
         warnings=warnings,
     )
+
+
+_ACTIVITY: weakref.WeakValueDictionary[str, Activity] = weakref.WeakValueDictionary()
+"""Each live run's ``Activity`` by run id (``captures`` makes it, ``supervise_request`` finds
+it): no backend has to hand it over; it goes with the run's captures."""
 
 
 def captures(request: ExecRequest) -> tuple[StreamCapture, StreamCapture]:
@@ -287,9 +352,11 @@ def captures(request: ExecRequest) -> tuple[StreamCapture, StreamCapture]:
     limits = request.limits
     spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
     args = (limits.max_output, limits.spill_max, spill, request.sink)
+    activity = Activity()  # one for both streams: the idle timeout watches the run as a whole
+    _ACTIVITY[request.run_id] = activity
     return (
-        StreamCapture("stdout", *args, redactor=redactor_for(request)),
-        StreamCapture("stderr", *args, redactor=redactor_for(request)),
+        StreamCapture("stdout", *args, redactor=redactor_for(request), activity=activity),
+        StreamCapture("stderr", *args, redactor=redactor_for(request), activity=activity),
     )
 
 
@@ -303,8 +370,14 @@ def sandbox_error_result(
     )
 
 
-async def supervise_request(handle: RunHandle, request: ExecRequest, started: float) -> Supervision:
+async def supervise_request(
+    handle: RunHandle, request: ExecRequest, started: float, activity: Activity | None = None
+) -> Supervision:
+    """``supervise`` with the request's limits. The idle timeout (``Limits.idle_timeout_s``)
+    watches ``activity``: by default the one ``captures(request)`` made for the run."""
     limits = request.limits
+    if activity is None:
+        activity = _ACTIVITY.get(request.run_id)
     return await supervise(
         handle,
         timeout_s=request.timeout_s,
@@ -312,4 +385,6 @@ async def supervise_request(handle: RunHandle, request: ExecRequest, started: fl
         drain_s=limits.drain_s,
         started=started,
         flow=request.sink if isinstance(request.sink, LiveSink) else None,
+        idle_s=limits.idle_timeout_s,
+        activity=activity,
     )

@@ -9,10 +9,13 @@ cancellation after a shielded, bounded cleanup (the cancelled result is in ``las
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
+import math
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from types import TracebackType
@@ -21,14 +24,16 @@ from typing import Self
 import anyio
 import anyio.to_thread
 
-from sandboxrun import backends, denial, redact
+from sandboxrun import backends, denial, files, redact
 from sandboxrun.argv import join_path_prepend, validate_argv
 from sandboxrun.env import build_env
 from sandboxrun.errors import ConfigError, PolicyRefusedError
-from sandboxrun.models import ExecResult, Limits, Policy, required_guarantees
+from sandboxrun.jobs import MAX_ENDED_JOBS, Job
+from sandboxrun.login import Logins, NotRun
+from sandboxrun.models import ExecResult, Limits, Policy, Status, required_guarantees
 from sandboxrun.paths import Workspace
 from sandboxrun.process import RunFacts
-from sandboxrun.spec import ExecRequest, Sink
+from sandboxrun.spec import ExecRequest, LoginMode, Sink, StdinStream
 
 log = logging.getLogger("sandboxrun")
 
@@ -66,6 +71,10 @@ def new_run_id() -> str:
 class Sandbox:
     """``async with Sandbox(workspace=...) as sb: result = await sb.exec([...])``."""
 
+    max_ended_jobs: int = MAX_ENDED_JOBS
+    """Ended jobs kept in ``jobs()`` (with their spill files); beyond it, the oldest ended
+    ones are released (``forget``). Set it on the instance to change it."""
+
     def __init__(
         self,
         workspace: str | os.PathLike[str] = ".",
@@ -80,7 +89,13 @@ class Sandbox:
         host_env: Mapping[str, str] | None = None,
         image: str | None = None,
         user: str | None = None,
+        login: LoginMode = "snapshot",
+        login_shell: str | None = None,
     ) -> None:
+        """``login``: ``"snapshot"`` runs the login profile once per sandbox and gives every
+        command its environment; ``"each"`` gives every command its own login shell
+        (``sandboxrun.login``). ``login_shell``: the shell for both and for ``shell=`` scripts
+        (default: chosen inside the sandbox from the user's login shell)."""
         self.workspace = Workspace.open(workspace)
         self.policy = policy or Policy()
         for mask in self.policy.mask:
@@ -92,6 +107,14 @@ class Sandbox:
         self._pass_proxy = pass_proxy
         self._path_prepend = list(path_prepend)
         self._host_env = dict(os.environ if host_env is None else host_env)
+        base = functools.partial(  # what prepare builds for a command without variables
+            build_env,
+            self._host_env,
+            explicit=self._env,
+            pass_through=self._pass_env,
+            pass_proxy=self._pass_proxy,
+        )
+        self._logins = Logins(login, login_shell, base=base, explicit=self._env)
         self._backend: backends.Backend | None = None
         self._warned: set[tuple[str, ...]] = set()
         self.image = image
@@ -102,6 +125,7 @@ class Sandbox:
         """What closing could not clean up (a container the engine did not remove in time),
         one sentence each; also logged as warnings on the ``sandboxrun`` logger."""
         self._inflight: dict[anyio.CancelScope, anyio.Event] = {}
+        self._jobs: list[Job] = []
         self._closed: anyio.Event | None = None
         """Not None while ``aclose`` runs; a later ``aclose`` waits for it to be set."""
         if backend != "auto":
@@ -165,20 +189,67 @@ class Sandbox:
                 return
             self._closed = closed = anyio.Event()
             try:
+                for job in list(self._jobs):  # ended like the execs (jobs not yet running too)
+                    job.cancel()
                 for scope in list(self._inflight):
                     scope.cancel()
                 for done in list(self._inflight.values()):
                     await done.wait()
+                for job in list(self._jobs):
+                    await job.ended()
                 backend, self._backend = self._backend, None
                 if backend is not None:
                     await backend.close()
                     self._collect_close_errors(backend)
+                for job in list(self._jobs):
+                    job.release()
             finally:
                 self._closed = None
                 closed.set()
 
     def _collect_close_errors(self, backend: backends.Backend) -> None:
         self.close_errors += getattr(backend, "close_errors", [])
+
+    # -- files (sandboxrun/files.py, docs/files.md) -------------------------------------------
+    def _files(self) -> files.SandboxFiles:
+        return files.SandboxFiles(
+            self.backend,
+            self.workspace,
+            self.policy,
+            home=self._env.get("HOME"),
+            host_home=self._host_env.get("HOME"),
+        )
+
+    async def read_file(
+        self, path: str | os.PathLike[str], *, max_bytes: int = files.DEFAULT_MAX_BYTES
+    ) -> bytes:
+        """The content of the regular file ``path`` in the sandbox (relative: in the workspace;
+        absolute: the sandbox's view, ``/tmp`` and ``~`` too). A file over ``max_bytes`` raises
+        ``SandboxFileTooLargeError`` (nothing partial); a missing path, a directory, a FIFO or a
+        denied read raise their ``SandboxFileError``; leaving the workspace (``..``, a symlink
+        out) raises ``WorkspaceError``."""
+        return await self._files().read_file(path, max_bytes)
+
+    async def write_file(
+        self,
+        path: str | os.PathLike[str],
+        data: bytes | bytearray | memoryview,
+        *,
+        mode: int = 0o644,
+    ) -> None:
+        """Create or replace the regular file ``path`` in the sandbox with ``data``, as the
+        sandbox would (its credentials, its read-only paths). ``mode``: the permission bits of
+        a new file (less the sandbox's umask; an existing file keeps its own). The directory
+        must exist. Errors as ``read_file``."""
+        await self._files().write_file(path, data, mode)
+
+    async def list_dir(
+        self, path: str | os.PathLike[str] = ".", *, max_entries: int = files.DEFAULT_MAX_ENTRIES
+    ) -> list[files.DirEntry]:
+        """The entries of the directory ``path`` in the sandbox, sorted by name: ``name``,
+        ``kind`` (file, dir, symlink, other: symlinks are not followed), ``size``, ``mode``;
+        more than ``max_entries`` is a ``SandboxFileError``."""
+        return await self._files().list_dir(path, max_entries=max_entries)
 
     def prepare(
         self,
@@ -192,8 +263,10 @@ class Sandbox:
         stdin: bytes | None = None,
         path_prepend: Sequence[str] = (),
         sink: Sink | None = None,
+        idle_timeout: float | None = None,
     ) -> ExecRequest:
-        """Validate one command into an ``ExecRequest``. No process is started."""
+        """Validate one command into an ``ExecRequest``. No process is started.
+        ``idle_timeout`` overrides ``Limits.idle_timeout_s`` for this command."""
         if (argv is None) == (shell is None):
             raise ConfigError("give exactly one of an argv list or shell='script'")
         if shell is not None and "\0" in shell:
@@ -219,6 +292,7 @@ class Sandbox:
         )
         try:
             timeout_s = self.limits.clamp_timeout(timeout)
+            limits = self.limits.with_idle_timeout(idle_timeout)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         return ExecRequest(
@@ -231,10 +305,11 @@ class Sandbox:
             workdir_rel=PurePosixPath(cwd.relative_to(self.workspace.root).as_posix()),
             stdin=stdin,
             timeout_s=timeout_s,
-            limits=self.limits,
+            limits=limits,
             policy=self.policy,
             sink=sink,
             explicit=frozenset(explicit),
+            login=self._logins.mode,
         )
 
     def missing_guarantees(self, request: ExecRequest) -> list[str]:
@@ -254,6 +329,7 @@ class Sandbox:
         path_prepend: Sequence[str] = (),
         sink: Sink | None = None,
         escalate: EscalationHook | None = None,
+        idle_timeout: float | None = None,
     ) -> ExecResult:
         """Run one command and return what happened. Never raises for a non-zero exit.
 
@@ -267,7 +343,10 @@ class Sandbox:
         but that policy,
         and that result is returned with ``escalated_from`` set to this sandbox's policy (the
         live sink sees both runs). False returns the denied result; an exception raised by the
-        hook propagates (nothing has run again; the denied result is in ``last_result``)."""
+        hook propagates (nothing has run again; the denied result is in ``last_result``).
+
+        ``idle_timeout``: seconds without a byte of output after which the run ends as
+        ``timed_out`` with ``timeout_kind="idle"`` (overrides ``Limits.idle_timeout_s``)."""
         request = self.prepare(
             argv,
             shell=shell,
@@ -278,11 +357,83 @@ class Sandbox:
             stdin=stdin,
             path_prepend=path_prepend,
             sink=sink,
+            idle_timeout=idle_timeout,
         )
         result = await self.run_request(request)
         if escalate is None:
             return result
         return await self._escalate(result, request, escalate)
+
+    async def start(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        shell: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        stdin: bool | bytes = False,
+        path_prepend: Sequence[str] = (),
+        sink: Sink | None = None,
+    ) -> Job:
+        """Start a background job (``docs/jobs.md``) and return it at once; it runs like an
+        ``exec`` (same validation, refusal, isolation) until it ends, ``job.kill()``, or the
+        sandbox closes. ``timeout`` None: no wall-clock limit (else clamped like ``exec``'s);
+        ``idle_timeout``: only the job's own (``Limits.idle_timeout_s`` does not apply).
+        ``stdin``: False ``/dev/null``, bytes as ``exec``, True fed by ``job.write_stdin``."""
+        request = self.prepare(
+            argv,
+            shell=shell,
+            workdir=workdir,
+            env=env,
+            pass_env=pass_env,
+            timeout=timeout,
+            path_prepend=path_prepend,
+            idle_timeout=idle_timeout,
+        )
+        request = dataclasses.replace(
+            request,
+            stdin=None if isinstance(stdin, bool) else bytes(stdin),
+            timeout_s=math.inf if timeout is None else request.timeout_s,
+            limits=request.limits.model_copy(update={"idle_timeout_s": idle_timeout}),
+        )
+        backend = self.backend
+        backend.check_request(request)
+        missing = self.missing_guarantees(request)
+        if missing and (self.policy.strict or not self.policy.allow_degraded):
+            raise PolicyRefusedError(backend.name, missing, strict=self.policy.strict)
+        if self._closed is not None:
+            raise RuntimeError("the Sandbox is closing: no new job can start")
+        stream = StdinStream() if stdin is True else None
+        if stream is not None:
+            request = dataclasses.replace(request, stdin=stream)
+        job = Job(request, backend=backend.name, stdin=stream, sink=sink, on_end=self._job_ended)
+        self._jobs.append(job)
+        job.launch(self.run_request)
+        return job
+
+    def jobs(self) -> list[Job]:
+        """The jobs started in this sandbox, oldest first: every running one and the newest
+        ``max_ended_jobs`` ended ones that were not ``forget``-ed."""
+        return list(self._jobs)
+
+    def forget(self, job: Job) -> None:
+        """Drop an ended job from ``jobs()`` and remove its spill files (``Job.release``): the
+        job object keeps its result and the memory part of its logs. ``RuntimeError`` for a
+        job still running (``kill`` or ``wait`` first). Idempotent."""
+        if not job.done:
+            raise RuntimeError(f"job {job.id} is still running: kill() or wait() for it first")
+        if job in self._jobs:
+            self._jobs.remove(job)
+        job.release()
+
+    def _job_ended(self, job: Job) -> None:
+        """A job ended: past ``max_ended_jobs``, release the oldest ended ones."""
+        ended = sorted((j for j in self._jobs if j.done), key=lambda j: j.ended_at or 0.0)
+        for old in ended[: max(0, len(ended) - max(0, self.max_ended_jobs))]:
+            self.forget(old)
 
     def escalated(self, request: ExecRequest, policy: Policy) -> tuple[Sandbox, ExecRequest]:
         """A fresh, unopened ``Sandbox`` like this one (workspace, requested backend, limits,
@@ -300,6 +451,8 @@ class Sandbox:
             host_env=self._host_env,
             image=self.image,
             user=self.user,
+            login=self._logins.mode,
+            login_shell=self._logins.shell,
         )
         again = dataclasses.replace(request, run_id=new_run_id(), policy=policy)
         return sandbox, again
@@ -352,7 +505,11 @@ class Sandbox:
             return result
         return result if found is None else result.model_copy(update={"denial": found})
 
-    async def run_request(self, request: ExecRequest) -> ExecResult:
+    async def run_request(
+        self, request: ExecRequest, scope: anyio.CancelScope | None = None
+    ) -> ExecResult:
+        """Run a prepared request. ``scope``: the run's own cancel scope (a job's: cancelling
+        it ends the run like ``aclose`` does, with a ``cancelled`` result), else a new one."""
         backend = self.backend
         backend.check_request(request)
         missing = self.missing_guarantees(request)
@@ -363,7 +520,52 @@ class Sandbox:
             log.warning(
                 "sandboxrun: backend %s cannot enforce: %s", backend.name, ", ".join(missing)
             )
-        facts = RunFacts(
+        if self._closed is not None:
+            raise RuntimeError("the Sandbox is closing: no new command can start")
+        facts = self._facts(request, missing)  # the per-command form until the login resolves
+        scope, done = anyio.CancelScope() if scope is None else scope, anyio.Event()
+        self._inflight[scope] = done
+        started, login_s, login_warning = time.monotonic(), 0.0, None
+        result: ExecResult | None = None
+        unstarted: tuple[Status, str] = ("cancelled", "cancelled before the command started")
+        try:
+            with scope:
+                try:  # the login-shell snapshot (sandboxrun.login), in the run's scope and time
+                    request, login_warning = await self._logins.resolve(request, self._raw_exec)
+                except NotRun as exc:
+                    unstarted = (exc.status, str(exc))
+                else:
+                    login_s, facts = time.monotonic() - started, self._facts(request, missing)
+                    result, cancelled = await backend.exec(request, facts)
+                    self.last_result = result
+                    if cancelled is not None:
+                        raise cancelled
+        except anyio.get_cancelled_exc_class():
+            if result is None:  # the caller's cancellation, before the command started
+                self.last_result = unstarted_result(facts, *unstarted, started)
+            raise
+        finally:
+            del self._inflight[scope]
+            done.set()
+        if scope.cancelled_caught and (result is None or result.status == "cancelled"):
+            # aclose() cancelled it, not the caller (a run that had already completed when the
+            # cancellation landed keeps its result as it is)
+            unstarted = ("cancelled", "cancelled: the sandbox was closed during the command")
+            if result is not None:
+                result = result.model_copy(update={"error": unstarted[1]})
+        if result is None:  # closed before the backend started anything, or NotRun
+            result = unstarted_result(facts, *unstarted, started)
+        elif login_s:
+            result = result.model_copy(update={"duration_s": round(result.duration_s + login_s, 6)})
+        if login_warning is not None:
+            result = result.model_copy(update={"warnings": [*result.warnings, login_warning]})
+        result = self._diagnose(result, request)
+        self.last_result = result
+        return result
+
+    def _facts(self, request: ExecRequest, missing: list[str]) -> RunFacts:
+        backend = self.backend
+        return RunFacts(
             backend=backend.name,
             argv=redact.mask_argv(backend.command(request), request),
             run_id=request.run_id,
@@ -371,43 +573,30 @@ class Sandbox:
             missing=missing,
             fallback_reason=self.fallback_reason,
         )
-        if self._closed is not None:
-            raise RuntimeError("the Sandbox is closing: no new command can start")
-        scope, done = anyio.CancelScope(), anyio.Event()
-        self._inflight[scope] = done
-        result: ExecResult | None = None
-        try:
-            with scope:
-                result, cancelled = await backend.exec(request, facts)
-                self.last_result = result
-                if cancelled is not None:
-                    raise cancelled
-        finally:
-            del self._inflight[scope]
-            done.set()
-        if scope.cancelled_caught and (result is None or result.status == "cancelled"):
-            # aclose() cancelled it, not the caller (a run that had already completed when the
-            # cancellation landed keeps its result as it is)
-            closed = {"error": "cancelled: the sandbox was closed during the command"}
-            if result is None:  # before the backend started anything
-                result = ExecResult(
-                    status="cancelled",
-                    duration_s=0.0,
-                    backend=facts.backend,
-                    isolation=facts.isolation,
-                    missing_guarantees=facts.missing,
-                    fallback_reason=facts.fallback_reason,
-                    argv=facts.argv,
-                    run_id=facts.run_id,
-                    **closed,
-                )
-            else:
-                result = result.model_copy(update=closed)
-            self.last_result = result
-        assert result is not None  # only our own scope's cancellation is swallowed above
-        result = self._diagnose(result, request)
-        self.last_result = result
+
+    async def _raw_exec(self, request: ExecRequest) -> ExecResult:
+        """Run ``request`` as is (``login.Logins``'s snapshot), in the caller's scope."""
+        result, cancelled = await self.backend.exec(request, self._facts(request, []))
+        if cancelled is not None:
+            raise cancelled
         return result
+
+
+def unstarted_result(facts: RunFacts, status: Status, error: str, started: float) -> ExecResult:
+    """The result of a command that never started (``status``: why)."""
+    return ExecResult(
+        status=status,
+        timed_out=status == "timed_out",
+        timeout_kind="wall" if status == "timed_out" else None,
+        duration_s=round(time.monotonic() - started, 6),
+        backend=facts.backend,
+        isolation=facts.isolation,
+        missing_guarantees=facts.missing,
+        fallback_reason=facts.fallback_reason,
+        argv=facts.argv,
+        run_id=facts.run_id,
+        error=error,
+    )
 
 
 def run(

@@ -84,6 +84,7 @@ def test_json_holds_output_and_facts(workspace: Path) -> None:
         (["--max-output", "lots", "--", "true"], "--max-output"),
         (["--shell", "--", "echo", "two"], "--shell"),
         (["--pass-env", "GITHUB_TOKEN", "--", "true"], "GITHUB_TOKEN"),
+        (["--idle-timeout", "0", "--", "true"], "invalid --idle-timeout"),
     ],
 )
 def test_input_errors_exit_2_with_one_line(workspace: Path, args: list[str], message: str) -> None:
@@ -92,6 +93,18 @@ def test_input_errors_exit_2_with_one_line(workspace: Path, args: list[str], mes
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert proc.stdout == ""
+
+
+def test_idle_timeout_exits_124_and_says_so(workspace: Path) -> None:
+    args = ["--idle-timeout", "1", "--grace", "0.2", "--", "sh", "-c", "echo a; sleep 30"]
+    rc, data = run_json(workspace, *args)
+    assert (rc, data["status"], data["timeout_kind"]) == (124, "timed_out", "idle")
+    assert data["error"] == "no output for 1s (idle timeout)"
+    assert float(str(data["duration_s"])) < 10
+    proc = cli("run", "-w", str(workspace), "-b", "process-group", *args)
+    assert proc.returncode == 124
+    assert proc.stdout == "a\n"
+    assert "no output for 1s (idle timeout)" in proc.stderr
 
 
 def test_unavailable_backend_exits_125(workspace: Path) -> None:
