@@ -1,22 +1,31 @@
-"""Output throughput and memory of the docker backend: 1 GiB of stdout through an exec.
+"""Output throughput, CPU and memory of the docker backend: 1 GiB of stdout through an exec.
 
-``head -c N /dev/zero`` run by ``Sandbox.exec`` (bounded capture, ``spill_max=0``) against a raw
-baseline in the same run, into the same container: docker-py's low-level ``exec_create`` +
-``exec_start(socket=True)``, the raw socket read with ``recv(65536)`` until EOF *without*
-demultiplexing (so the baseline reads the 8-byte frame headers too), then ``exec_inspect``.
-Each variant runs ``BENCH_REPEATS`` times (alternating, the raw one first in odd rounds) and the
-best throughput counts. The byte accounting of every sandboxrun run must be exact.
+``head -c N /dev/zero`` run by ``Sandbox.exec`` (bounded capture, ``spill_max=0``) through the
+in-container supervisor (``ExecResult.via == "supervisor"``: the command's stdout is a pipe whose
+write end was passed into the container, read on the host as it is written) against baselines
+in the same run:
 
-The peak RSS growth of the process doing the sandboxrun run is measured in fresh child processes
-(``bench/docker_output.py --child nospill|spill``): import, open the sandbox, warm-up exec,
-``ru_maxrss`` baseline, the big exec, ``ru_maxrss`` again. ``spill`` uses the default spill
-(64 MiB to a temporary ``SANDBOXRUN_SPILL_DIR``, removed afterwards).
+* ``pipe`` (the target's baseline): the same ``head`` as a plain ``subprocess.Popen(...,
+  stdout=PIPE)`` on the host, drained with an ``os.read(fd, 65536)`` loop to EOF, then reaped;
+* ``engine`` (extra, the path before the supervisor; ``BENCH_ENGINE=0`` leaves it out): into the
+  same container, docker-py's low-level ``exec_create`` + ``exec_start(socket=True)``, the raw
+  socket read with ``recv(65536)`` to EOF *without* demultiplexing, then ``exec_inspect``.
 
-Beside each run: CPU seconds of this process, of the engine's daemons (dockerd, containerd),
-and the host's busy fraction: on a small machine the engine's copying and framing competes with
-the reader for the same CPUs, so the reader's own CPU cost shows in the throughput.
+Each variant runs ``BENCH_REPEATS`` times (rotating order) and the best throughput counts. The
+client CPU of a run is this process's CPU time (``RUSAGE_SELF``, all threads: the reader, not the
+``head`` writing) during it, scaled to seconds per GiB; the median run of each side counts. The
+byte accounting of every sandboxrun run must be exact.
 
-Env: ``BENCH_BYTES`` (default 1 GiB), ``BENCH_REPEATS`` (default 3).
+Targets: throughput ≥ 0.8× the pipe's; client CPU per GiB ≤ 1.5× the pipe reader's; peak RSS
+growth ≤ 2 × max_output + 32 MiB, measured in fresh child processes (``bench/docker_output.py
+--child nospill|spill``): import, open the sandbox, warm-up exec, ``ru_maxrss`` baseline, the big
+exec, ``ru_maxrss`` again. ``spill`` uses the default spill (64 MiB to a temporary
+``SANDBOXRUN_SPILL_DIR``, removed afterwards).
+
+Beside each run: CPU seconds of the engine's daemons (dockerd, containerd) and the host's busy
+fraction: on a small machine whoever copies competes with the reader for the same CPUs.
+
+Env: ``BENCH_BYTES`` (default 1 GiB), ``BENCH_REPEATS`` (default 3), ``BENCH_ENGINE`` (1).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -57,7 +67,9 @@ MAX_OUTPUT = 65536
 READ_CHUNK = 65536
 EXEC_TIMEOUT_S = 100.0
 RATIO_TARGET = 0.8
-RSS_SLACK = 48 * 1024 * 1024
+CPU_RATIO_TARGET = 1.5
+RSS_SLACK = 32 * 1024 * 1024
+GIB = 1 << 30
 CHILD_TIMEOUT_S = 110.0
 
 
@@ -117,66 +129,119 @@ class CpuMeter:
         }
 
 
-def raw_once(client: DockerClient, container_id: str, n: int) -> tuple[float, int]:
+def engine_once(client: DockerClient, container_id: str, n: int) -> tuple[float, int]:
     """Seconds to drain the exec stream of ``n`` bytes of output, and the stream's size."""
     start = time.perf_counter()
     stream_bytes, code = raw_exec(client, container_id, head_argv(n), chunk=READ_CHUNK)
     elapsed = time.perf_counter() - start
     if code != 0 or stream_bytes < n:
-        raise RuntimeError(f"raw baseline read {stream_bytes} stream bytes for {n}, exit {code}")
+        raise RuntimeError(f"engine baseline read {stream_bytes} stream bytes for {n}, exit {code}")
     return elapsed, stream_bytes
 
 
-async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
+def pipe_once(n: int) -> float:
+    """Seconds to drain ``n`` bytes from a plain local pipe (spawn to reap)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(head_argv(n), stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    total = 0
+    while True:
+        data = os.read(fd, READ_CHUNK)
+        if not data:
+            break
+        total += len(data)
+    proc.wait()
+    elapsed = time.perf_counter() - start
+    proc.stdout.close()
+    if total != n or proc.returncode != 0:
+        raise RuntimeError(f"pipe baseline read {total} of {n} bytes, exit {proc.returncode}")
+    return elapsed
+
+
+def side(walls: list[float], cpu: list[dict[str, float]], n: int) -> dict[str, Any]:
+    """Best throughput, and the median run's client CPU per GiB."""
+    per_gib = [c["self_cpu_s"] * GIB / n for c in cpu]
+    return {
+        "mb_per_s": rounded(mb_per_s(n, min(walls)), 1),
+        "wall_s": [rounded(s, 4) for s in walls],
+        "client_cpu_s_per_gib": rounded(statistics.median(per_gib)),
+        "cpu": cpu,
+    }
+
+
+async def compare(n: int, repeats: int, with_engine: bool, workspace: Path) -> dict[str, Any]:
     limits = Limits(max_output=MAX_OUTPUT, spill_max=0, grace_s=1.0)
-    raw_s: list[float] = []
-    sbx_s: list[float] = []
+    walls: dict[str, list[float]] = {"sandboxrun": [], "pipe": [], "engine": []}
+    cpu: dict[str, list[dict[str, float]]] = {"sandboxrun": [], "pipe": [], "engine": []}
     sbx_duration_s: list[float] = []
     checks: list[dict[str, Any]] = []
+    via: list[str | None] = []
     stream_bytes = 0
-    cpu: dict[str, list[dict[str, float]]] = {"raw": [], "sandboxrun": []}
     engine = engine_processes()
     client = docker_client()
     try:
         async with Sandbox(workspace, backend="docker", limits=limits) as sb:
             cid = getattr(sb.backend, "container_id", None)
             assert isinstance(cid, str)
-            await sb.exec(["true"])  # warm-up: code paths imported, connections open
-            raw_once(client, cid, min(n, 1 << 20))
+            await sb.exec(["true"])  # warm-up: code paths imported, snapshot taken
+            await sb.exec(head_argv(min(n, 1 << 20)))
+            pipe_once(min(n, 1 << 20))
+            if with_engine:
+                engine_once(client, cid, min(n, 1 << 20))
 
             async def sbx() -> None:
                 with CpuMeter(engine) as meter:
                     start = time.perf_counter()
                     result = await sb.exec(head_argv(n), timeout=EXEC_TIMEOUT_S)
-                    sbx_s.append(time.perf_counter() - start)
+                    walls["sandboxrun"].append(time.perf_counter() - start)
                 cpu["sandboxrun"].append(meter.report())
                 sbx_duration_s.append(result.duration_s)
                 checks.append(accounting(result, n, MAX_OUTPUT))
+                via.append(result.via)
 
-            for i in range(repeats):
-                if i % 2:
-                    await sbx()
+            async def pipe() -> None:
                 with CpuMeter(engine) as meter:
-                    elapsed, stream_bytes = raw_once(client, cid, n)  # blocks the loop: on purpose
-                raw_s.append(elapsed)
-                cpu["raw"].append(meter.report())
-                if not i % 2:
-                    await sbx()
+                    walls["pipe"].append(pipe_once(n))  # blocks the loop: on purpose
+                cpu["pipe"].append(meter.report())
+
+            async def raw_engine() -> None:
+                nonlocal stream_bytes
+                with CpuMeter(engine) as meter:
+                    elapsed, stream_bytes = engine_once(client, cid, n)
+                walls["engine"].append(elapsed)
+                cpu["engine"].append(meter.report())
+
+            variants = [("sandboxrun", sbx), ("pipe", pipe)]
+            if with_engine:
+                variants.append(("engine", raw_engine))
+            for i in range(repeats):
+                k = i % len(variants)
+                for _, run in variants[k:] + variants[:k]:
+                    await run()
     finally:
         leaked = own_containers(client)
         sweep_own_containers(client)
         client.close()
-    raw_best = mb_per_s(n, min(raw_s))
-    sbx_best = mb_per_s(n, min(sbx_s))
+    sides = {name: side(walls[name], cpu[name], n) for name, _ in variants}
+    sbx_side, pipe_side = sides["sandboxrun"], sides["pipe"]
+    extra: dict[str, Any] = {}
+    if with_engine:
+        extra = {
+            "ratio_vs_engine": rounded(sbx_side["mb_per_s"] / sides["engine"]["mb_per_s"]),
+            "engine_stream_bytes": stream_bytes,
+        }
     return {
-        "raw_mb_per_s": rounded(raw_best, 1),
-        "sandboxrun_mb_per_s": rounded(sbx_best, 1),
-        "ratio": rounded(sbx_best / raw_best if raw_best else 0.0),
-        "raw_stream_bytes": stream_bytes,
-        "raw_wall_s": [rounded(s, 4) for s in raw_s],
-        "sandboxrun_wall_s": [rounded(s, 4) for s in sbx_s],
+        **sides,
+        "ratio": rounded(sbx_side["mb_per_s"] / pipe_side["mb_per_s"]),
+        "cpu_ratio": rounded(
+            sbx_side["client_cpu_s_per_gib"] / pipe_side["client_cpu_s_per_gib"]
+            if pipe_side["client_cpu_s_per_gib"]
+            else 0.0
+        ),
+        **extra,
         "sandboxrun_duration_s": [rounded(s, 4) for s in sbx_duration_s],
-        "cpu": cpu,
+        "via": sorted({str(v) for v in via}),
         "accounting": checks,
         "accounting_exact": all(c["exact"] for c in checks),
         "leaked_containers": leaked,
@@ -210,6 +275,7 @@ async def child(variant: str, n: int, workspace: Path) -> dict[str, Any]:
         "mb_per_s": rounded(mb_per_s(n, wall), 1),
         "spill_file_bytes": Path(spill).stat().st_size if spill else None,
         "spill_complete": result.stdout_spill_complete,
+        "via": result.via,
         "accounting": accounting(result, n, MAX_OUTPUT),
     }
 
@@ -250,6 +316,7 @@ def main() -> None:
     quiet_logs()
     n = env_int("BENCH_BYTES", 1 << 30)
     repeats = max(1, env_int("BENCH_REPEATS", 3))
+    with_engine = env_int("BENCH_ENGINE", 1) != 0
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         with temp_workspace() as ws, temp_workspace("sandboxrun-bench-spill-") as spill_root:
             # Never spill into the user's cache: the parent passes a temporary directory; a
@@ -258,7 +325,7 @@ def main() -> None:
             emit(anyio.run(child, sys.argv[2], n, ws))
         return
     with temp_workspace() as ws:
-        throughput = anyio.run(compare, n, repeats, ws)
+        throughput = anyio.run(compare, n, repeats, with_engine, ws)
         rss: dict[str, Any] = {}
         for variant in ("nospill", "spill"):
             with temp_workspace("sandboxrun-bench-spill-") as spill_root:
@@ -268,6 +335,9 @@ def main() -> None:
     growths = [r.get("growth_bytes") for r in rss.values()]
     rss_ok = all(isinstance(g, int) and g <= rss_limit for g in growths)
     children_exact = all(r.get("accounting", {}).get("exact") is True for r in rss.values())
+    supervised = throughput["via"] == ["supervisor"] and all(
+        r.get("via") == "supervisor" for r in rss.values()
+    )
     emit(
         {
             "bench": "docker_output",
@@ -278,11 +348,15 @@ def main() -> None:
             "rss": rss,
             "targets": {
                 "ratio_min": RATIO_TARGET,
+                "cpu_ratio_max": CPU_RATIO_TARGET,
                 "accounting_exact": True,
                 "rss_growth_max_bytes": rss_limit,
+                "via": "supervisor",
             },
             "meets_targets": bool(
                 throughput["ratio"] >= RATIO_TARGET
+                and throughput["cpu_ratio"] <= CPU_RATIO_TARGET
+                and supervised
                 and throughput["accounting_exact"]
                 and children_exact
                 and rss_ok
