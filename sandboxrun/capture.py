@@ -112,6 +112,9 @@ class StreamCapture:
         self._max_output = max_output
         self._sink = sink
         self._flow = sink if isinstance(sink, LiveSink) else None
+        self.flow_controlled = self._flow is not None
+        """Whether ``wait_sink`` can ever wait (a flow-controlled live sink): readers skip
+        the call per chunk otherwise."""
         self._spill: SpillFile | None = None
         self._spilling = False  # a spill file is open and not yet full
         self._overflowed = False

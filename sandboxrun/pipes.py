@@ -15,7 +15,7 @@ from sandboxrun.spec import StdinStream
 CHUNK = 64 * 1024
 """Read size: reads above glibc's mmap threshold (128 KiB) cost an mmap+munmap each (4x slower)."""
 PIPE_SIZE = 1 << 20
-YIELD_EVERY = 16
+YIELD_EVERY = 32
 StdinFeed = tuple[int, bytes | StdinStream]
 """A command's stdin: the write end of its pipe and what to write (bytes then EOF, or a stream)."""
 
@@ -77,7 +77,8 @@ class FdPump:
                 self._open.remove(stream)
                 return
             capture.feed(data)
-            await capture.wait_sink()  # backpressure: a slow live reader holds the command back
+            if capture.flow_controlled:  # backpressure: a slow live reader holds it back
+                await capture.wait_sink()
             reads += 1
             if reads % YIELD_EVERY == 0:
                 await anyio.lowlevel.checkpoint()

@@ -230,6 +230,13 @@ def cgroup_members(
 def oom_kills(pid: int) -> int | None:
     """The OOM-kill counter of ``pid``'s memory cgroup (v1 ``memory.oom_control`` or v2
     ``memory.events``), or None where it cannot be read."""
+    name = oom_file(pid)
+    return None if name is None else read_oom(name)
+
+
+def oom_file(pid: int) -> str | None:
+    """The file holding ``pid``'s memory cgroup's OOM-kill counter, or None (a container's
+    stays the same: find it once, read it with ``read_oom`` per run)."""
     files = []
     for controllers, path in cgroup_lines(pid):
         if "memory" in controllers.split(","):
@@ -237,14 +244,17 @@ def oom_kills(pid: int) -> int | None:
         elif controllers == "":
             files.append(f"/sys/fs/cgroup{path}/memory.events")
     for name in files:
-        try:
-            with open(name) as f:  # noqa: PTH123
-                count = oom_count(f.read())
-        except OSError:
-            continue
-        if count is not None:
-            return count
+        if read_oom(name) is not None:
+            return name
     return None
+
+
+def read_oom(name: str) -> int | None:
+    try:
+        with open(name) as f:  # noqa: PTH123
+            return oom_count(f.read())
+    except OSError:
+        return None
 
 
 def oom_count(content: str) -> int | None:

@@ -151,6 +151,8 @@ class DockerBackend:
         if os.environ.get("SANDBOXRUN_DOCKER_SUPERVISOR", "1") == "0":
             self.want_supervisor = False
         self._rendezvous: sv.Rendezvous | None = None
+        self.oom_file: str | None = None
+        """The container's OOM-kill counter file (local engines), found once at open."""
         self.supervisor_pid: int | None = None
         """The supervisor's host pid (local engines), once it connected."""
 
@@ -206,6 +208,7 @@ class DockerBackend:
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
             self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
+            self.oom_file = proctree.oom_file(pid)
         return self._meet_supervisor()
 
     def _meet_supervisor(self) -> socket.socket | None:
@@ -451,12 +454,16 @@ class DockerBackend:
         oom: list[int | None] = []
 
         def before() -> None:
-            oom.append(proctree.oom_kills(self.init_pid) if self.init_pid else None)
+            oom.append(proctree.read_oom(self.oom_file) if self.oom_file else None)
 
         async def verify(run_id: str) -> int:
+            if not self._leftovers(run_id, kill=False):  # one cgroup read: no thread needed
+                return 0
             return await anyio.to_thread.run_sync(self._leftovers, run_id)
 
         async def classify(result: ExecResult) -> ExecResult:
+            if result.status == "completed" and not supervisor.dead:
+                return result  # exited 0 and everything of it gone: nothing more to ask
             if supervisor.dead or self.dying():
                 self.recycle_needed = True
                 return result.model_copy(
@@ -466,7 +473,7 @@ class DockerBackend:
                         f"exec ({supervisor.dead or 'its supervisor is gone'})",
                     }
                 )
-            after = proctree.oom_kills(self.init_pid) if self.init_pid else None
+            after = proctree.read_oom(self.oom_file) if self.oom_file else None
             killed = result.status == "failed" and result.signal == "SIGKILL"
             if killed and None not in (*oom, after) and oom != [after]:
                 return result.model_copy(update={"status": "oom_killed"})
@@ -480,13 +487,13 @@ class DockerBackend:
         finally:
             self.active.discard(request.run_id)
 
-    def _leftovers(self, run_id: str) -> int:
+    def _leftovers(self, run_id: str, kill: bool = True) -> int:
         """What of a run the supervisor said was over is still alive, seen from the host
         (the container's cgroup: forks and cleared environments cannot hide from it): with
         no other run active, every process but the container's own; else those whose nearest
         marked ancestor is this run. Those found in the first look, and what they fork, are
         killed (a neighbour's run starting meanwhile is never taken for one of them); returns
-        how many could not be."""
+        how many could not be (``kill=False``: how many there are, one look)."""
         if not self.cgroup_procs or not self.init_pid:
             return 0
         base = self.keep | {self.init_pid}
@@ -504,7 +511,7 @@ class DockerBackend:
                 parents = {pid for pid, _ in known}
                 live = [p for p in live if (p.pid, p.start) in known or p.ppid in parents]
                 known |= {(p.pid, p.start) for p in live}
-            if not live or time.monotonic() > deadline:
+            if not live or not kill or time.monotonic() > deadline:
                 return len(live)
             proctree.signal_all(live, signal.SIGKILL)
             time.sleep(0.01)
