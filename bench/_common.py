@@ -14,6 +14,7 @@ import os
 import platform
 import resource
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -75,6 +76,30 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 def head_argv(n: int) -> list[str]:
     return ["head", "-c", str(n), "/dev/zero"]
+
+
+PIPE_READ_CHUNK = 65536
+
+
+def pipe_read_once(n: int) -> float:
+    """Seconds to drain ``n`` bytes from a plain local pipe (``head -c n /dev/zero``, spawn
+    to reap, ``os.read(fd, PIPE_READ_CHUNK)``): the baseline of the output benchmarks."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(head_argv(n), stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    total = 0
+    while True:
+        data = os.read(fd, PIPE_READ_CHUNK)
+        if not data:
+            break
+        total += len(data)
+    proc.wait()
+    elapsed = time.perf_counter() - start
+    proc.stdout.close()
+    if total != n or proc.returncode != 0:
+        raise RuntimeError(f"pipe baseline read {total} of {n} bytes, exit {proc.returncode}")
+    return elapsed
 
 
 def mb_per_s(n: int, seconds: float) -> float:

@@ -43,6 +43,7 @@ from typing import Any
 import anyio
 import psutil
 from _common import (
+    PIPE_READ_CHUNK,
     RssSampler,
     accounting,
     docker_client,
@@ -53,6 +54,7 @@ from _common import (
     maxrss_bytes,
     mb_per_s,
     own_containers,
+    pipe_read_once,
     quiet_logs,
     raw_exec,
     rounded,
@@ -64,7 +66,7 @@ from docker import DockerClient
 from sandboxrun import Limits, Sandbox
 
 MAX_OUTPUT = 65536
-READ_CHUNK = 65536
+READ_CHUNK = PIPE_READ_CHUNK
 EXEC_TIMEOUT_S = 100.0
 RATIO_TARGET = 0.8
 CPU_RATIO_TARGET = 1.5
@@ -139,26 +141,6 @@ def engine_once(client: DockerClient, container_id: str, n: int) -> tuple[float,
     return elapsed, stream_bytes
 
 
-def pipe_once(n: int) -> float:
-    """Seconds to drain ``n`` bytes from a plain local pipe (spawn to reap)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(head_argv(n), stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    total = 0
-    while True:
-        data = os.read(fd, READ_CHUNK)
-        if not data:
-            break
-        total += len(data)
-    proc.wait()
-    elapsed = time.perf_counter() - start
-    proc.stdout.close()
-    if total != n or proc.returncode != 0:
-        raise RuntimeError(f"pipe baseline read {total} of {n} bytes, exit {proc.returncode}")
-    return elapsed
-
-
 def side(walls: list[float], cpu: list[dict[str, float]], n: int) -> dict[str, Any]:
     """Best throughput, and the median run's client CPU per GiB."""
     per_gib = [c["self_cpu_s"] * GIB / n for c in cpu]
@@ -186,7 +168,7 @@ async def compare(n: int, repeats: int, with_engine: bool, workspace: Path) -> d
             assert isinstance(cid, str)
             await sb.exec(["true"])  # warm-up: code paths imported, snapshot taken
             await sb.exec(head_argv(min(n, 1 << 20)))
-            pipe_once(min(n, 1 << 20))
+            pipe_read_once(min(n, 1 << 20))
             if with_engine:
                 engine_once(client, cid, min(n, 1 << 20))
 
@@ -202,7 +184,7 @@ async def compare(n: int, repeats: int, with_engine: bool, workspace: Path) -> d
 
             async def pipe() -> None:
                 with CpuMeter(engine) as meter:
-                    walls["pipe"].append(pipe_once(n))  # blocks the loop: on purpose
+                    walls["pipe"].append(pipe_read_once(n))  # blocks the loop: on purpose
                 cpu["pipe"].append(meter.report())
 
             async def raw_engine() -> None:

@@ -33,6 +33,7 @@ from _common import (
     machine,
     maxrss_bytes,
     mb_per_s,
+    pipe_read_once,
     quiet_logs,
     rounded,
     temp_workspace,
@@ -41,31 +42,10 @@ from _common import (
 from sandboxrun import Limits, Sandbox
 
 MAX_OUTPUT = 65536
-READ_CHUNK = 65536
 EXEC_TIMEOUT_S = 100.0
 RATIO_TARGET = 0.7
 RSS_SLACK = 32 * 1024 * 1024
 CHILD_TIMEOUT_S = 110.0
-
-
-def raw_once(n: int) -> float:
-    """Seconds to drain ``n`` bytes from a plain pipe (spawn to reap)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(head_argv(n), stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    total = 0
-    while True:
-        data = os.read(fd, READ_CHUNK)
-        if not data:
-            break
-        total += len(data)
-    proc.wait()
-    elapsed = time.perf_counter() - start
-    proc.stdout.close()
-    if total != n or proc.returncode != 0:
-        raise RuntimeError(f"raw baseline read {total} of {n} bytes, exit {proc.returncode}")
-    return elapsed
 
 
 async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
@@ -76,9 +56,9 @@ async def compare(n: int, repeats: int, workspace: Path) -> dict[str, Any]:
     checks: list[dict[str, Any]] = []
     async with Sandbox(workspace, backend="process-group", limits=limits) as sb:
         await sb.exec(["true"])  # warm-up: runner started, code paths imported
-        raw_once(min(n, 1 << 20))
+        pipe_read_once(min(n, 1 << 20))
         for _ in range(repeats):
-            raw_s.append(raw_once(n))  # blocks the loop on purpose: nothing else runs
+            raw_s.append(pipe_read_once(n))  # blocks the loop on purpose: nothing else runs
             start = time.perf_counter()
             result = await sb.exec(head_argv(n), timeout=EXEC_TIMEOUT_S)
             sbx_s.append(time.perf_counter() - start)

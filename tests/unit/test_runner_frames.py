@@ -24,6 +24,18 @@ def frame(msg: object) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+def holding(target: str) -> list[str]:
+    """Our fds that refer to ``target`` (a ``/proc/self/fd`` link text, e.g. ``pipe:[123]``)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                held.append(fd)
+        except OSError:
+            pass
+    return held
+
+
 async def attached(send: Callable[[socket.socket], None]) -> tuple[RunnerClient, socket.socket]:
     ours, theirs = socket.socketpair()
     theirs.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
@@ -80,13 +92,7 @@ async def test_fds_are_claimed_only_as_named_and_never_leaked() -> None:
     os.close(r)
     os.close(w)
     assert client.dead and "fds" in client.dead
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == pipe:
-                held.append(fd)
-        except OSError:
-            pass
+    held = holding(pipe)
     assert not held, "a received fd was kept"
     peer.close()
     await client.close()
@@ -112,13 +118,7 @@ async def test_fds_on_a_frame_that_carries_none_for_the_host_are_closed() -> Non
     os.close(r)
     os.close(w)
     assert client.dead is None  # well formed: routed, its fds dropped
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == pipe:
-                held.append(fd)
-        except OSError:
-            pass
+    held = holding(pipe)
     assert not held, "an fd the host never asked for was kept"
     peer.close()
     await client.close()
