@@ -3,29 +3,79 @@
 The public API. See ``docs/api.md``.
 """
 
-from sandboxrun.errors import (
-    BackendError,
-    ConfigError,
-    EnvError,
-    ExecError,
-    InputError,
-    PolicyRefusedError,
-    SandboxFileError,
-    SandboxFileNotFoundError,
-    SandboxFileTooLargeError,
-    SandboxIsADirectoryError,
-    SandboxNotADirectoryError,
-    SandboxPermissionError,
-    SandboxrunError,
-    SandboxUnavailableError,
-    WorkspaceError,
-)
-from sandboxrun.files import DirEntry
-from sandboxrun.jobs import Job, JobChunk, JobLines
-from sandboxrun.models import Denial, ExecResult, Limits, Policy
-from sandboxrun.sandbox import Sandbox, run
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandboxrun.errors import (
+        BackendError,
+        ConfigError,
+        EnvError,
+        ExecError,
+        InputError,
+        PolicyRefusedError,
+        SandboxFileError,
+        SandboxFileNotFoundError,
+        SandboxFileTooLargeError,
+        SandboxIsADirectoryError,
+        SandboxNotADirectoryError,
+        SandboxPermissionError,
+        SandboxrunError,
+        SandboxUnavailableError,
+        WorkspaceError,
+    )
+    from sandboxrun.files import DirEntry
+    from sandboxrun.jobs import Job, JobChunk, JobLines
+    from sandboxrun.models import Denial, ExecResult, Limits, Policy
+    from sandboxrun.sandbox import Sandbox, run
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "BackendError": "sandboxrun.errors",
+    "ConfigError": "sandboxrun.errors",
+    "EnvError": "sandboxrun.errors",
+    "ExecError": "sandboxrun.errors",
+    "InputError": "sandboxrun.errors",
+    "PolicyRefusedError": "sandboxrun.errors",
+    "SandboxFileError": "sandboxrun.errors",
+    "SandboxFileNotFoundError": "sandboxrun.errors",
+    "SandboxFileTooLargeError": "sandboxrun.errors",
+    "SandboxIsADirectoryError": "sandboxrun.errors",
+    "SandboxNotADirectoryError": "sandboxrun.errors",
+    "SandboxPermissionError": "sandboxrun.errors",
+    "SandboxrunError": "sandboxrun.errors",
+    "SandboxUnavailableError": "sandboxrun.errors",
+    "WorkspaceError": "sandboxrun.errors",
+    "DirEntry": "sandboxrun.files",
+    "Job": "sandboxrun.jobs",
+    "JobChunk": "sandboxrun.jobs",
+    "JobLines": "sandboxrun.jobs",
+    "Denial": "sandboxrun.models",
+    "ExecResult": "sandboxrun.models",
+    "Limits": "sandboxrun.models",
+    "Policy": "sandboxrun.models",
+    "Sandbox": "sandboxrun.sandbox",
+    "run": "sandboxrun.sandbox",
+}
+"""Where each public name lives: imported on first use (PEP 562), so that ``import sandboxrun``
+and the CLI's start-up do not pay for pydantic, anyio and the docker SDK (bench/cli_startup.py)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sandboxrun' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BackendError",

@@ -25,7 +25,13 @@ VERSION = "0.1.0"
 BASE_REPO = "sandboxrun/base"
 BASE_IMAGE = f"{BASE_REPO}:latest"
 BOOTSTRAP_REPO = "sandboxrun/bootstrap"
-PACKAGES = ("bash", "coreutils", "procps", "util-linux", "ca-certificates", "python3", "git")
+PACKAGES = (
+    # what sandboxrun itself needs: a login shell, ps/kill, and python3 for the supervisor
+    *("bash", "coreutils", "procps", "util-linux", "ca-certificates", "python3"),
+    # what a project's tests usually need offline (docs/docker.md, "The default image")
+    *("git", "make", "build-essential", "python3-pytest", "python3-pip", "python3-venv"),
+    *("nodejs", "npm"),
+)
 
 Progress = Callable[[str], None]
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from sandboxrun import Limits
 from sandboxrun.capture import Activity, StreamCapture
-from sandboxrun.cli import summary
+from sandboxrun.cli.report import summary
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import ExecResult
 from sandboxrun.process import (

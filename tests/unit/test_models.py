@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sandboxrun import ExecError, ExecResult, Limits, Policy
-from sandboxrun.cli import exit_status
+from sandboxrun.cli.report import exit_status
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import required_guarantees
 from sandboxrun.process import decode_wait_status
