@@ -1,3 +1,3 @@
-from sandboxrun.cli import app
+from sandboxrun.cli import main
 
-app(prog_name="sandboxrun")
+main()

@@ -25,13 +25,9 @@ VERSION = "0.1.0"
 BASE_REPO = "sandboxrun/base"
 BASE_IMAGE = f"{BASE_REPO}:latest"
 BOOTSTRAP_REPO = "sandboxrun/bootstrap"
-PACKAGES = (
-    # what sandboxrun itself needs: a login shell, ps/kill, and python3 for the supervisor
-    *("bash", "coreutils", "procps", "util-linux", "ca-certificates", "python3"),
-    # what a project's tests usually need offline (docs/docker.md, "The default image")
-    *("git", "make", "build-essential", "python3-pytest", "python3-pip", "python3-venv"),
-    *("nodejs", "npm"),
-)
+PACKAGES = ("bash", "coreutils", "procps", "util-linux", "ca-certificates", "python3")
+"""The offline bootstrap's packages (debootstrap's resolver handles a small set reliably);
+``images/base/Dockerfile`` adds the project tools (make, compilers, pytest, node) with apt."""
 
 Progress = Callable[[str], None]
 

@@ -20,4 +20,9 @@ app = typer.Typer(
 
 from sandboxrun.cli import admin, image, run  # noqa: E402  (registers the commands)
 
-__all__ = ["admin", "app", "image", "run"]
+__all__ = ["admin", "app", "image", "main", "run"]
+
+
+def main() -> None:
+    """The ``sandboxrun`` console script."""
+    app(prog_name="sandboxrun")
