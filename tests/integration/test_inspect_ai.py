@@ -1,0 +1,412 @@
+"""The ``sandboxrun`` inspect_ai sandbox on the real docker engine (docs/inspect.md).
+
+1. inspect_ai's own portable conformance suite (``inspect_ai.util._sandbox.self_check``): each
+   check is one test (``test_self_check[<check>]``) against one sample sandbox; the one check
+   that cannot pass is asserted to fail, for the reason docs/inspect.md gives, so a regression
+   or an unexpected fix both show; ``test_self_check_summary`` prints the count.
+2. What the provider adds beyond the suite: every process of a timed-out command is dead,
+   inspect's output limit raises, ``user``, ``cwd`` outside the workspace, the sample
+   lifecycle leaves nothing behind, ``task_init`` fails early, ``connection``.
+3. A real ``inspect eval`` (subprocess) of tests/integration/inspect_task.py with inspect's
+   ``mockllm/model`` whose bash tool calls run in sandboxrun, and
+   ``inspect sandbox cleanup sandboxrun``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import docker
+import pytest
+from helpers import require_backend, wait_until
+from inspect_ai.util import (
+    OutputLimitExceededError,
+    SandboxEnvironmentLimits,
+    SandboxUserUnsupportedError,
+)
+from inspect_ai.util import SandboxUnavailableError as InspectUnavailable
+from inspect_ai.util._sandbox import self_check
+from inspect_ai.util._sandbox.limits import override_max_exec_output_size
+
+from sandboxrun import SandboxUnavailableError
+from sandboxrun.inspect_config import SandboxrunConfig
+from sandboxrun.inspect_sandbox import SandboxrunSandboxEnvironment
+from sandboxrun.inspect_workspace import cleanup as cleanup_leftovers
+from sandboxrun.inspect_workspace import parent_dir
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
+INSPECT = ROOT / ".venv" / "bin" / "inspect"
+TASK = Path(__file__).with_name("inspect_task.py")
+
+CHECKS = sorted(self_check.__all__)
+EXPECTED_FAILURES = {
+    # adduser writes /etc/passwd and chowns a home directory: the container's root file
+    # system is read-only and every capability is dropped (docs/inspect.md, "Self-check")
+    "test_exec_as_user": "Failed to add user",
+}
+RESULTS: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def sample_env() -> AsyncIterator[SandboxrunSandboxEnvironment]:
+    """One sample's sandbox for the whole suite, made and cleaned up as inspect does."""
+    require_backend("docker")
+    envs = await SandboxrunSandboxEnvironment.sample_init("self-check", None, {})
+    env = envs["default"]
+    assert isinstance(env, SandboxrunSandboxEnvironment)
+    yield env
+    await SandboxrunSandboxEnvironment.sample_cleanup("self-check", None, envs, False)
+    assert not env.workspace.exists(), "the sample's workspace outlived its cleanup"
+
+
+def _own_containers(workspace: Path) -> list[str]:
+    from sandboxrun.inspect_workspace import workspace_label
+
+    client = docker.from_env()
+    try:
+        found = client.api.containers(
+            all=True, filters={"label": f"sandboxrun.workspace={workspace_label(workspace)}"}
+        )
+        return [str(c["Id"]) for c in found]
+    finally:
+        client.close()
+
+
+# -- 1. inspect's conformance suite -------------------------------------------------------------
+def test_self_check_has_44_checks() -> None:
+    assert len(CHECKS) == 44, CHECKS
+    assert set(EXPECTED_FAILURES) <= set(CHECKS)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+async def test_self_check(check: str, sample_env: SandboxrunSandboxEnvironment) -> None:
+    run = getattr(self_check, check)
+    if check in EXPECTED_FAILURES:
+        with pytest.raises(AssertionError, match=EXPECTED_FAILURES[check]):
+            await run(sample_env)
+        RESULTS[check] = "expected failure"
+        return
+    await run(sample_env)
+    RESULTS[check] = "passed"
+
+
+def test_self_check_summary() -> None:
+    if set(RESULTS) != set(CHECKS):
+        pytest.skip("the summary needs every test_self_check of this module")
+    passed = sorted(name for name, outcome in RESULTS.items() if outcome == "passed")
+    print(f"\ninspect_ai self-check on sandboxrun (docker): {len(passed)}/{len(CHECKS)} passed")
+    print(f"expected failures: {sorted(EXPECTED_FAILURES)}")
+    assert len(passed) == len(CHECKS) - len(EXPECTED_FAILURES) == 43
+
+
+# -- 2. beyond the suite ------------------------------------------------------------------------
+async def test_timeout_kills_every_process(sample_env: SandboxrunSandboxEnvironment) -> None:
+    """inspect's docker provider wraps the command in ``timeout``: a ``setsid`` grandchild
+    escapes it. Here nothing of the command is left once TimeoutError is raised."""
+    script = "setsid sleep 301 & (trap '' TERM; sleep 302) & sleep 303"
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as raised:
+        await sample_env.exec(["sh", "-c", script], timeout=1)
+    assert time.monotonic() - started < 1 + sample_env.config.grace + 3
+    assert "timed out after 1 seconds" in str(raised.value)
+    ps = await sample_env.exec(["ps", "-eo", "args"])
+    assert ps.success
+    assert not [line for line in ps.stdout.splitlines() if line.startswith("sleep 30")], ps.stdout
+
+
+async def test_timeout_keeps_partial_output(sample_env: SandboxrunSandboxEnvironment) -> None:
+    with pytest.raises(TimeoutError) as raised:
+        await sample_env.exec(["sh", "-c", "echo started; sleep 30"], timeout=1)
+    assert getattr(raised.value, "truncated_output", None) == "started\n"
+
+
+async def test_output_limit_raises(sample_env: SandboxrunSandboxEnvironment) -> None:
+    with override_max_exec_output_size(1024):
+        fits = await sample_env.exec(["head", "-c", "1024", "/dev/zero"])
+        assert len(fits.stdout) == 1024
+        with pytest.raises(OutputLimitExceededError) as raised:
+            await sample_env.exec(["sh", "-c", "seq 1 100000; echo oops >&2"])
+    assert raised.value.limit_str == "1 KiB"
+    kept = raised.value.truncated_output or ""
+    assert kept.startswith("1\n2\n") and "bytes omitted ...]" in kept
+    assert kept.endswith("100000\noops\n")
+    assert SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE == 10 * 1024**2  # restored
+
+
+async def test_default_output_limit(sample_env: SandboxrunSandboxEnvironment) -> None:
+    """inspect's default (10 MiB per stream): 10 MiB passes whole, one byte more raises."""
+    limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+    whole = await sample_env.exec(["head", "-c", str(limit), "/dev/zero"])
+    assert len(whole.stdout) == limit
+    with pytest.raises(OutputLimitExceededError):
+        await sample_env.exec(["head", "-c", str(limit + 1), "/dev/zero"])
+
+
+async def test_users(sample_env: SandboxrunSandboxEnvironment) -> None:
+    own = await sample_env.exec(["id", "-u"], user=str(sample_env.uid))
+    assert own.stdout.strip() == str(sample_env.uid)
+    if sample_env.uid == 0:
+        assert (await sample_env.exec(["whoami"], user="root")).stdout == "root\n"
+    with pytest.raises(SandboxUserUnsupportedError, match="runs every command as uid"):
+        await sample_env.exec(["id"], user="nobody" if sample_env.uid != 65534 else "root")
+    missing = await sample_env.exec(["id"], user="no-such-user")
+    assert not missing.success and "no-such-user" in missing.stderr
+
+
+async def test_cwd_outside_the_workspace(sample_env: SandboxrunSandboxEnvironment) -> None:
+    assert (await sample_env.exec(["pwd"], cwd="/tmp")).stdout == "/tmp\n"
+    await sample_env.exec(["ln", "-sfn", "/usr/share", "link"])
+    assert (await sample_env.exec(["pwd", "-P"], cwd="link")).stdout == "/usr/share\n"
+    missing = await sample_env.exec(["no-such-command"], cwd="/tmp")
+    assert (missing.returncode, missing.success) == (127, False)
+    gone = await sample_env.exec(["pwd"], cwd="/no/such/dir")
+    assert not gone.success and "/no/such/dir" in gone.stderr
+    with pytest.raises(PermissionError):
+        await sample_env.exec(["/etc/passwd"], cwd="/tmp")
+    await sample_env.exec(["rm", "link"])
+
+
+async def test_files_stay_in_the_workspace(sample_env: SandboxrunSandboxEnvironment) -> None:
+    with pytest.raises(PermissionError, match="escapes"):
+        await sample_env.read_file("../outside")
+    await sample_env.write_file("deep/er/file.txt", "x")
+    assert (sample_env.workspace / "deep" / "er" / "file.txt").read_text() == "x"
+    await sample_env.write_file("~notes", b"n")  # a file of the workspace, not of HOME
+    assert (sample_env.workspace / "~notes").read_bytes() == b"n"
+    await sample_env.exec(["rm", "-r", "deep", "~notes"])
+
+
+async def test_connection(sample_env: SandboxrunSandboxEnvironment) -> None:
+    connection = await sample_env.connection()
+    assert connection.container in _own_containers(sample_env.workspace)
+    assert connection.command.startswith("docker exec -it -u ")
+    argv = shlex.split(connection.command)
+    assert argv[-2:] == ["bash", "-l"] and argv[2] == "-it"
+    probe = subprocess.run(
+        [*argv[:2], *argv[3:-2], "cat", "/etc/hostname"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert probe.returncode == 0 and connection.container.startswith(probe.stdout.strip())
+
+
+async def test_sample_lifecycle_leaves_nothing(tmp_path: Path) -> None:
+    require_backend("docker")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "README").write_text("template\n")
+    config = tmp_path / "sandboxrun.yaml"
+    config.write_text("workspace: repo\nmemory: 256m\nenv:\n  GREETING: hello\n")
+    envs = await SandboxrunSandboxEnvironment.sample_init("lifecycle", str(config), {})
+    env = envs["default"]
+    assert isinstance(env, SandboxrunSandboxEnvironment)
+    workspace = env.workspace
+    try:
+        assert workspace.parent == parent_dir() and workspace != tmp_path / "repo"
+        assert await env.read_file("README") == "template\n"
+        memory = "cat /sys/fs/cgroup/memory.max || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+        said = await env.exec(["sh", "-c", f'echo "$GREETING"; ({memory}) 2>/dev/null'])
+        assert said.stdout == f"hello\n{256 << 20}\n"
+        await env.write_file("README", "changed\n")
+        assert (tmp_path / "repo" / "README").read_text() == "template\n"  # a copy
+        assert len(_own_containers(workspace)) == 1
+    finally:
+        await SandboxrunSandboxEnvironment.sample_cleanup("lifecycle", str(config), envs, False)
+    assert not workspace.exists()
+    assert wait_until(lambda: not _own_containers(workspace), 10)
+
+
+async def test_task_cleanup_closes_what_samples_left() -> None:
+    require_backend("docker")
+    envs = await SandboxrunSandboxEnvironment.sample_init("left", None, {})
+    env = envs["default"]
+    assert isinstance(env, SandboxrunSandboxEnvironment)
+    await SandboxrunSandboxEnvironment.task_cleanup("shutdown", None, False)  # kept
+    assert (await env.exec(["true"])).success
+    await SandboxrunSandboxEnvironment.task_cleanup("shutdown", None, True)
+    assert not env.workspace.exists()
+    assert wait_until(lambda: not _own_containers(env.workspace), 10)
+
+
+async def test_a_dead_container_is_unavailable_then_replaced() -> None:
+    """The container killed under a sample: inspect's SandboxUnavailableError (a tool call
+    shows ``sandbox_unavailable``, not the failure as the command's output); the next exec
+    runs in a fresh container."""
+    require_backend("docker")
+    env = await SandboxrunSandboxEnvironment.open(SandboxrunConfig())
+    try:
+        (container,) = _own_containers(env.workspace)
+        client = docker.from_env()
+        try:
+
+            async def kill_it() -> None:  # once the command runs
+                await anyio.sleep(1)
+                await anyio.to_thread.run_sync(client.api.kill, container)
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(kill_it)
+                    with pytest.raises(InspectUnavailable):
+                        await env.exec(["sleep", "30"], timeout=40)
+        finally:
+            client.close()
+        again = await env.exec(["echo", "again"])
+        assert again.stdout == "again\n"
+        assert container not in _own_containers(env.workspace)
+    finally:
+        await env.close()
+
+
+async def test_task_init_fails_early(tmp_path: Path) -> None:
+    require_backend("docker")
+    config = tmp_path / "sandboxrun.yaml"
+    config.write_text("image: sandboxrun/no-such-image:latest\n")
+    with pytest.raises(SandboxUnavailableError, match="no-such-image"):
+        await SandboxrunSandboxEnvironment.task_init("early", str(config))
+    config.write_text("memory: lots\n")
+    with pytest.raises(Exception, match="invalid memory 'lots'"):
+        await SandboxrunSandboxEnvironment.task_init("early", str(config))
+
+
+# -- 3. a real eval, and the CLI cleanup ---------------------------------------------------------
+def _inspect_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(INSPECT_LOG_DIR=str(tmp_path / "logs"), INSPECT_DISPLAY="none", NO_COLOR="1")
+    return env
+
+
+def test_inspect_eval_mockllm(tmp_path: Path) -> None:
+    """``inspect eval`` of a task whose scripted model calls ``bash``: the tool runs in the
+    sandboxrun container (/workspace, the file the sample wrote, its read-only root, the
+    ``sandboxrun.yaml`` found next to the task file), a timed-out call leaves nothing running,
+    the scorer reads the sandbox, and no container or workspace is left afterwards."""
+    require_backend("docker")
+    task_dir = tmp_path / "task"
+    task_dir.mkdir()
+    shutil.copy(TASK, task_dir / TASK.name)
+    (task_dir / "sandboxrun.yaml").write_text("env:\n  FROM_CONFIG: found\n")
+    before = {p.name for p in parent_dir().iterdir()}
+    done = subprocess.run(
+        [str(INSPECT), "eval", TASK.name, "--log-format", "json"],
+        cwd=task_dir,
+        env=_inspect_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    logs = list((tmp_path / "logs").glob("*.json"))
+    assert len(logs) == 1
+    log = json.loads(logs[0].read_text())
+    assert log["status"] == "success", log.get("error")
+    (sample,) = log["samples"]
+    assert sample["scores"]["in_sandbox"]["value"] == "C", sample["scores"]
+    tools = [m for m in sample["messages"] if m["role"] == "tool"]
+    look, hang, answer = (m["content"] for m in tools)
+    # the bash tool ran in the container: /workspace, the file the sample wrote there, the
+    # container's read-only root file system
+    assert "cwd=/workspace\nseed=planted by the sample\nconfig=found\n" in look, look
+    assert "Read-only file system" in look, look
+    # the timed-out call: inspect's timeout error with the output so far; then not one of
+    # its three sleeps (one in its own session) is left in the sandbox
+    assert hang == "started\n" and tools[1]["error"]["type"] == "timeout", tools[1]
+    assert answer == "0\n", answer
+    assert {p.name for p in parent_dir().iterdir()} == before
+    assert not _containers_of_pid(None, since=int(time.time()) - 120)
+
+
+def _containers_of_pid(pid: int | None, *, since: int) -> list[str]:
+    """sandboxrun containers created since ``since`` (by ``pid`` when given)."""
+    client = docker.from_env()
+    try:
+        found = client.api.containers(all=True, filters={"label": "sandboxrun.managed=true"})
+    finally:
+        client.close()
+    return [
+        str(c["Id"])
+        for c in found
+        if int(c["Labels"].get("sandboxrun.created", "0")) >= since
+        and (pid is None or c["Labels"].get("sandboxrun.owner_pid") == str(pid))
+        and c["Labels"].get("sandboxrun.owner_pid") != str(os.getpid())
+    ]
+
+
+HOLDER = textwrap.dedent(
+    """
+    import anyio
+    from sandboxrun.inspect_config import SandboxrunConfig
+    from sandboxrun.inspect_sandbox import SandboxrunSandboxEnvironment
+
+    async def main() -> None:
+        env = await SandboxrunSandboxEnvironment.open(SandboxrunConfig())
+        print(env.workspace.name, flush=True)
+        await anyio.sleep(300)
+
+    anyio.run(main)
+    """
+)
+
+
+def _hold_sandbox(tmp_path: Path, *, supervisor: bool) -> tuple[subprocess.Popen[str], str]:
+    env = dict(os.environ)
+    if not supervisor:  # the container's main process is a sleep: it outlives its owner
+        env["SANDBOXRUN_DOCKER_SUPERVISOR"] = "0"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert holder.stdout is not None
+    return holder, holder.stdout.readline().strip()
+
+
+def test_inspect_sandbox_cleanup(tmp_path: Path) -> None:
+    """``inspect sandbox cleanup sandboxrun``: an eval process killed with SIGKILL leaves its
+    workspace (and, without a supervisor, its container); the cleanup removes both, and keeps
+    a live eval's sandbox unless its name is given."""
+    require_backend("docker")
+    cleanup_leftovers(None)  # what earlier runs left: the counts below are this test's
+    dead, dead_name = _hold_sandbox(tmp_path, supervisor=False)
+    live, live_name = _hold_sandbox(tmp_path, supervisor=True)
+    try:
+        dead_ws, live_ws = parent_dir() / dead_name, parent_dir() / live_name
+        assert dead_ws.is_dir() and live_ws.is_dir()
+        assert len(_own_containers(dead_ws)) == 1
+        dead.send_signal(signal.SIGKILL)
+        dead.wait()
+        assert _own_containers(dead_ws), "a container without a supervisor outlives its owner"
+        cleanup = [str(INSPECT), "sandbox", "cleanup", "sandboxrun"]
+        done = subprocess.run(cleanup, capture_output=True, text=True, check=True)
+        assert "removed 1 container(s) and 1 workspace(s)" in done.stdout, done.stdout
+        assert "workspace(s) of running evals" in done.stdout, done.stdout
+        assert not dead_ws.exists() and not _own_containers(dead_ws)
+        assert live_ws.is_dir() and len(_own_containers(live_ws)) == 1
+        done = subprocess.run([*cleanup, live_name], capture_output=True, text=True, check=True)
+        assert "removed 1 container(s) and 1 workspace(s)" in done.stdout, done.stdout
+        assert not live_ws.exists() and not _own_containers(live_ws)
+    finally:
+        for holder in (dead, live):
+            holder.kill()
+            holder.wait()
+            if holder.stdout is not None:
+                holder.stdout.close()
+        for name in (dead_name, live_name):  # after a failure: nothing of the test stays
+            cleanup_leftovers(name)
