@@ -23,7 +23,7 @@ import anyio.to_thread
 import docker.errors
 from docker import DockerClient
 
-from sandboxrun import docker_seccomp, dockerapi, login, proctree
+from sandboxrun import docker_seccomp, dockerapi, image_hint, login, proctree
 from sandboxrun.backends import Probe, docker_cgroup
 from sandboxrun.backends import docker_config as cfg
 from sandboxrun.backends import docker_supervisor as sv
@@ -60,14 +60,8 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
         return Probe("docker", False, str(exc), ())
     try:
         client.api.inspect_image(image)  # type: ignore[no-untyped-call]
-    except docker.errors.NotFound:
-        return Probe(
-            "docker",
-            False,
-            f"image {image} not found (build it: sandboxrun image bootstrap && "
-            "sandboxrun image build)",
-            (),
-        )
+    except docker.errors.NotFound:  # how to get it: pull where a registry has it, or build
+        return Probe("docker", False, image_hint.missing_image(client, image), ())
     except Exception as exc:
         return Probe("docker", False, f"cannot inspect image {image}: {exc}", ())
     finally:
