@@ -1,7 +1,10 @@
-"""``sandboxrun doctor``, ``ps`` and ``clean``: the host's backends and sandboxrun's leftovers."""
+"""``sandboxrun doctor``, ``ps`` and ``clean``: the host's backends and sandboxrun's leftovers.
+
+Heavy modules (docker, psutil, pydantic models) are imported inside the commands."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import sys
@@ -11,7 +14,7 @@ from typing import Annotated
 import typer
 
 from sandboxrun.cli import app
-from sandboxrun.errors import BackendError, SandboxUnavailableError
+from sandboxrun.errors import BackendError, ConfigError, SandboxUnavailableError
 
 
 def layer_rows() -> list[dict[str, object]]:
@@ -77,27 +80,49 @@ def doctor(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
         sys.stdout.write(f"  {row['layer']!s:<24} {state:<12} {detail}\n")
 
 
-@app.command()
-def ps(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List sandboxrun's containers (label sandboxrun.managed=true) and scopes (units
-    sandboxrun-*.scope), owner alive or not."""
+VERBOSE = typer.Option(
+    "-v", "--verbose", help="also say which backends are unavailable here, and why"
+)
+
+
+def _problem(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _ps_rows(verbose: bool) -> tuple[list[dict[str, object]], bool]:
+    """The rows of ``ps --json``, and whether an available backend failed (said on stderr)."""
     from sandboxrun import dockerapi, housekeeping
     from sandboxrun.backends import probe
 
     rows: list[dict[str, object]] = []
+    failed = False
     try:
-        containers = housekeeping.list_managed(dockerapi.connect(dockerapi.PROBE_TIMEOUT_S))
-        rows += [{"kind": "container", **row.__dict__} for row in containers]
-    except (SandboxUnavailableError, BackendError) as exc:
-        sys.stderr.write(f"containers: skipped ({exc})\n")
+        client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
+    except SandboxUnavailableError as exc:
+        if verbose:
+            _problem(f"containers: skipped ({exc.reason})")
+    else:
+        try:
+            rows += [
+                {"kind": "container", **row.__dict__} for row in housekeeping.list_managed(client)
+            ]
+        except BackendError as exc:
+            failed = True
+            _problem(f"containers: failed ({exc})")
+        finally:
+            client.close()
     systemd = probe("systemd-scope")
-    try:
-        scopes = housekeeping.list_scopes() if systemd.available else []
-    except BackendError as exc:
-        scopes = []
-        sys.stderr.write(f"scopes: skipped ({exc})\n")
+    scopes: list[housekeeping.ManagedScope] = []
     if not systemd.available:
-        sys.stderr.write(f"scopes: skipped ({systemd.reason})\n")
+        if verbose:
+            _problem(f"scopes: skipped ({systemd.reason})")
+    else:
+        try:
+            scopes = housekeeping.list_scopes()
+        except BackendError as exc:
+            failed = True
+            _problem(f"scopes: failed ({exc})")
     host = socket.gethostname()
     for scope in scopes:  # the same fields as a container row
         rows.append(
@@ -112,34 +137,108 @@ def ps(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
                 "owner_alive": scope.owner_alive,
             }
         )
+    return rows, failed
+
+
+@app.command()
+def ps(
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON list of rows")] = False,
+    verbose: Annotated[bool, VERBOSE] = False,
+) -> None:
+    """List sandboxrun's containers (label sandboxrun.managed=true) and scopes (units
+    sandboxrun-*.scope): a table with a header, or "no sandboxes running". An unavailable
+    backend is skipped silently (said with -v); an available one that fails is said on
+    stderr and the exit status is 1."""
+    import time
+
+    from sandboxrun.cli.admin_text import ps_table
+
+    rows, failed = _ps_rows(verbose)
     if json_out:
         sys.stdout.write(json.dumps(rows) + "\n")
-        return
-    for row in rows:
-        alive = "owner alive" if row["owner_alive"] else "owner gone"
-        owner = f"{row['owner_pid']}@{row['owner_host']}"
-        ident = str(row["id"])[:12] if row["kind"] == "container" else "scope"
-        sys.stdout.write(
-            f"{ident:<12}  {row['name']!s:<24} {row['status']!s:<24} {owner:<24} {alive}\n"
-        )
+    else:
+        sys.stdout.write("".join(line + "\n" for line in ps_table(rows, time.time())))
+    sys.stdout.flush()
+    if failed:
+        raise typer.Exit(1)
+
+
+def _clean_spill(root: Path, older_than: str | None, max_total: str | None) -> str:
+    from sandboxrun.cli.admin_text import spill_line
+    from sandboxrun.spill_prune import caps_from_env, parse_age, parse_total, prune
+    from sandboxrun.units import format_duration, format_size
+
+    caps = caps_from_env()
+    if older_than is not None:
+        caps = dataclasses.replace(caps, max_age_s=parse_age(older_than, what="--older-than"))
+    if max_total is not None:
+        caps = dataclasses.replace(caps, max_total=parse_total(max_total, what="--max-total"))
+    report = prune(root, caps)
+    shown = (
+        "off" if caps.max_age_s is None else format_duration(caps.max_age_s),
+        "off" if caps.max_total is None else format_size(caps.max_total),
+    )
+    return spill_line(
+        root,
+        len(report.removed),
+        report.freed_bytes,
+        report.in_use,
+        report.left_bytes,
+        shown,
+        complete=report.complete,
+    )
 
 
 @app.command()
 def clean(
-    older_than: Annotated[float, typer.Option("--older-than", help="spill age, hours")] = 24.0,
-    spill_dir: Annotated[Path | None, typer.Option("--spill-dir")] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            metavar="AGE",
+            help="spill age cap: a bare number is hours (24), else 90m, 36h; 'off' for none "
+            "[default: $SANDBOXRUN_SPILL_MAX_AGE, else 24h]",
+            show_default=False,
+        ),
+    ] = None,
+    max_total: Annotated[
+        str | None,
+        typer.Option(
+            "--max-total",
+            metavar="SIZE",
+            help="spill size cap: the oldest closed sandboxes' files go until the spill root "
+            "holds at most this (512m, 2g; 'off' for none) "
+            "[default: $SANDBOXRUN_SPILL_MAX_TOTAL, else 1g]",
+            show_default=False,
+        ),
+    ] = None,
+    spill_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--spill-dir", metavar="DIR", help="the spill root [default: the one runs use]"
+        ),
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every managed container/scope")] = False,
+    verbose: Annotated[bool, VERBOSE] = False,
 ) -> None:
     """Remove managed containers and stop scopes whose owner is gone (--all: every one), and
-    old spill files."""
+    prune the spill root to its caps (the files of open sandboxes are never touched). An
+    unavailable backend is skipped silently (said with -v); an available one that fails is
+    said on stderr and the exit status is 1."""
     from sandboxrun import dockerapi, housekeeping
     from sandboxrun.backends import probe
-    from sandboxrun.spill import default_spill_root, prune
+    from sandboxrun.spill import default_spill_root
 
-    root = spill_dir or default_spill_root()
-    removed = prune(root, older_than * 3600) if root.is_dir() else []
-    noun = "directory" if len(removed) == 1 else "directories"
-    sys.stdout.write(f"removed {len(removed)} spill {noun}\n")
+    failed = False
+    try:
+        sys.stdout.write(_clean_spill(spill_dir or default_spill_root(), older_than, max_total))
+        sys.stdout.write("\n")
+    except ConfigError as exc:
+        _problem(f"sandboxrun: {exc}")
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        failed = True
+        _problem(f"spill: failed ({exc})")
     systemd = probe("systemd-scope")
     if systemd.available:
         try:
@@ -148,15 +247,26 @@ def clean(
                 housekeeping.stop_scope(scope.unit)
             sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
         except BackendError as exc:
-            sys.stdout.write(f"scopes: failed ({exc})\n")
-    else:
-        sys.stdout.write(f"scopes: skipped ({systemd.reason})\n")
+            failed = True
+            _problem(f"scopes: failed ({exc})")
+    elif verbose:
+        _problem(f"scopes: skipped ({systemd.reason})")
     try:
         client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
     except SandboxUnavailableError as exc:
-        sys.stdout.write(f"containers: skipped ({exc.reason})\n")
-        return
-    gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
-    for row in gone:
-        housekeeping.remove(client, row.id)
-    sys.stdout.write(f"removed {len(gone)} container(s)\n")
+        if verbose:
+            _problem(f"containers: skipped ({exc.reason})")
+    else:
+        try:
+            gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
+            for row in gone:
+                housekeeping.remove(client, row.id)
+            sys.stdout.write(f"removed {len(gone)} container(s)\n")
+        except BackendError as exc:
+            failed = True
+            _problem(f"containers: failed ({exc})")
+        finally:
+            client.close()
+    sys.stdout.flush()
+    if failed:
+        raise typer.Exit(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 from sandboxrun.capture import StreamCapture, StreamReport
 from sandboxrun.errors import ConfigError
 from sandboxrun.output import HeadTailBuffer
-from sandboxrun.spill import SpillDir, default_spill_root, prune
+from sandboxrun.spill import LOCK_NAME, SpillDir, SpillSession, default_spill_root
 
 STREAM = bytes(i % 251 for i in range(5000))
 
@@ -322,43 +323,67 @@ def test_capture_sink_sees_every_chunk_first(tmp_path: Path) -> None:
     assert "sink failed" in failing.sink_error
 
 
-# --- prune --------------------------------------------------------------------------------
+# --- SpillSession -------------------------------------------------------------------------
 
 
-def test_prune_removes_only_old_run_dirs(tmp_path: Path) -> None:
+def lock_is_held(path: Path) -> bool:
+    """Whether another open file description holds the flock of ``path`` (as pruning asks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_session_is_private_locked_and_removed_on_close(tmp_path: Path) -> None:
     root = tmp_path / "spill"
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep").write_text("x")
-    now = 1_000_000.0
-    for name in ("old", "new"):
-        SpillDir(root, name).open_file("stdout").close()
-    (root / "old-file").write_text("x")
-    (root / "old-link").symlink_to(outside)
-    old = now - 7200
-    for p in ("old", "old/stdout", "old-file"):
-        os.utime(root / p, (old, old))
-    os.utime(root / "old-link", (old, old), follow_symlinks=False)
-    os.utime(outside, (old, old))
-    os.utime(root / "new", (now - 10, now - 10))
-
-    assert prune(root, 3600, now=now) == [root / "old"]
-    assert sorted(p.name for p in root.iterdir()) == ["new", "old-file", "old-link"]
-    assert (outside / "keep").exists()
-    assert prune(root, 3600, now=now) == []
-    assert prune(root, 0) == [root / "new"]
+    session = SpillSession.create(root)
+    assert session.path.parent == root and session.path.name.startswith("sandbox-")
+    assert [p.name for p in root.iterdir()] == [session.path.name]  # the .new- name is gone
+    assert mode(root) == mode(session.path) == 0o700
+    lock = session.path / LOCK_NAME
+    assert mode(lock) == 0o600 and lock.read_text() == f"{os.getpid()}\n"
+    assert lock_is_held(lock)
+    spilled = SpillDir(session.path, "run1").open_file("stdout")
+    spilled.write(b"data")
+    spilled.close()
+    session.close()
+    assert session.closed and not session.path.exists()
+    session.close()  # idempotent
 
 
-def test_prune_missing_or_symlinked_root(tmp_path: Path) -> None:
-    assert prune(tmp_path / "missing", 0) == []
-    real = tmp_path / "real"
-    (real / "run").mkdir(parents=True)
-    (tmp_path / "link").symlink_to(real)
-    assert prune(tmp_path / "link", 0, now=1e12) == []
-    assert (real / "run").exists()
+def test_kept_session_keeps_its_files_unlocked(tmp_path: Path) -> None:
+    session = SpillSession.create(tmp_path / "spill")
+    spilled = SpillDir(session.path, "run1").open_file("stdout")
+    spilled.write(b"data")
+    spilled.close()
+    session.close(keep=True)
+    assert (session.path / "run1" / "stdout").read_bytes() == b"data"
+    assert not lock_is_held(session.path / LOCK_NAME)  # pruning may take it from now on
 
 
-@pytest.mark.parametrize("age", [-1.0, float("nan"), float("inf")])
-def test_prune_rejects_bad_age(tmp_path: Path, age: float) -> None:
-    with pytest.raises(ConfigError):
-        prune(tmp_path, age)
+def test_kept_session_without_spill_leaves_nothing(tmp_path: Path) -> None:
+    session = SpillSession.create(tmp_path / "spill")
+    session.close(keep=True)
+    assert list((tmp_path / "spill").iterdir()) == []
+
+
+def test_sessions_are_distinct(tmp_path: Path) -> None:
+    one, two = SpillSession.create(tmp_path), SpillSession.create(tmp_path)
+    try:
+        assert one.path != two.path
+    finally:
+        one.close()
+        two.close()
+
+
+def test_session_refuses_a_symlinked_root(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ConfigError, match="symlink"):
+        SpillSession.create(tmp_path / "link")
+    assert list((tmp_path / "real").iterdir()) == []
