@@ -52,7 +52,9 @@ def main() -> None:
             "n": n,
             "p50_ms": {name: rounded(value, 1) for name, value in p50.items()},
             "ratio_to_python": {
-                name: rounded(value / base, 2) for name, value in p50.items() if name != "python_pass"
+                name: rounded(value / base, 2)
+                for name, value in p50.items()
+                if name != "python_pass"
             },
             "target_ms": TARGET_MS,
             "help_met": p50["help"] <= TARGET_MS,

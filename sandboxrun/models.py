@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandboxrun.errors import ExecError
 
@@ -104,12 +104,28 @@ class Limits(BaseModel):
             raise ValueError(f"idle_timeout {exc}") from None
         return self.model_copy(update={"idle_timeout_s": checked})
 
-    def clamp_timeout(self, timeout_s: float | None) -> float:
-        """The effective timeout: the given one (or the default), never above the maximum."""
+    @model_validator(mode="after")
+    def _timeout_within_cap(self) -> Limits:
+        if self.timeout_s > self.max_timeout_s:
+            raise ValueError(
+                f"timeout_s={self.timeout_s:g} is above max_timeout_s={self.max_timeout_s:g} "
+                "(a timeout is never shortened: raise max_timeout_s)"
+            )
+        return self
+
+    def effective_timeout(self, timeout_s: float | None) -> float:
+        """The timeout of one command: the given one, or ``timeout_s``. ``ValueError`` naming
+        ``timeout`` when it is not a positive finite number of seconds or is above
+        ``max_timeout_s`` (it is refused, never shortened)."""
         chosen = self.timeout_s if timeout_s is None else timeout_s
         if not math.isfinite(chosen) or chosen <= 0:
             raise ValueError(f"timeout must be a positive finite number of seconds, got {chosen}")
-        return min(chosen, self.max_timeout_s)
+        if chosen > self.max_timeout_s:
+            raise ValueError(
+                f"timeout={chosen:g} is above max_timeout_s={self.max_timeout_s:g} (a timeout "
+                "is never shortened: raise Limits.max_timeout_s to allow it)"
+            )
+        return chosen
 
 
 def check_idle_timeout(value: float | None) -> float | None:

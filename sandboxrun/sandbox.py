@@ -34,6 +34,8 @@ from sandboxrun.models import ExecResult, Limits, Policy, Status, required_guara
 from sandboxrun.paths import Workspace
 from sandboxrun.process import RunFacts
 from sandboxrun.spec import ExecRequest, LoginMode, Sink, StdinStream
+from sandboxrun.spill import SpillSession, default_spill_root
+from sandboxrun.spill_prune import auto_prune
 
 log = logging.getLogger("sandboxrun")
 
@@ -91,11 +93,16 @@ class Sandbox:
         user: str | None = None,
         login: LoginMode = "snapshot",
         login_shell: str | None = None,
+        keep_spill: bool = False,
     ) -> None:
         """``login``: ``"snapshot"`` runs the login profile once per sandbox and gives every
         command its environment; ``"each"`` gives every command its own login shell
         (``sandboxrun.login``). ``login_shell``: the shell for both and for ``shell=`` scripts
-        (default: chosen inside the sandbox from the user's login shell)."""
+        (default: chosen inside the sandbox from the user's login shell).
+
+        ``keep_spill``: leave the spill files (the results' ``*_spill`` paths) when the sandbox
+        closes; by default they are removed then. Kept ones are pruned later with the rest
+        of the spill root (``sandboxrun.spill_prune``: 24 h, 1 GiB by default)."""
         self.workspace = Workspace.open(workspace)
         self.policy = policy or Policy()
         for mask in self.policy.mask:
@@ -128,6 +135,11 @@ class Sandbox:
         self._jobs: list[Job] = []
         self._closed: anyio.Event | None = None
         """Not None while ``aclose`` runs; a later ``aclose`` waits for it to be set."""
+        self.keep_spill = keep_spill
+        self._spill: SpillSession | None = None
+        """This sandbox's spill directory while open (None: spilling straight to the root)."""
+        self._spill_owned = True
+        """False for an escalation's re-run sandbox: it spills into its parent's directory."""
         if backend != "auto":
             backends.check_name(backend)
 
@@ -136,6 +148,34 @@ class Sandbox:
         if self._backend is None:
             raise RuntimeError("the Sandbox is not open: use `async with Sandbox(...) as sb`")
         return self._backend
+
+    @property
+    def spill_dir(self) -> Path | None:
+        """The directory of this sandbox's spill files (``<spill root>/sandbox-<id>``) while
+        it is open; None when closed, or when it could not be made (runs then spill to the
+        root itself, or say in ``warnings`` why they could not)."""
+        return None if self._spill is None or self._spill.closed else self._spill.path
+
+    def _spill_root(self) -> Path:
+        return self.limits.spill_dir or default_spill_root()
+
+    def _open_spill(self) -> None:
+        """Make this sandbox's locked spill directory; trouble only means runs spill to the
+        root as they would without one (where a failure ends up in their ``warnings``)."""
+        if self._spill is not None or not self._spill_owned or self.limits.spill_max <= 0:
+            return
+        try:
+            self._spill = SpillSession.create(self._spill_root())
+        except (OSError, ConfigError) as exc:
+            log.debug("sandboxrun: no spill directory of its own for this sandbox: %s", exc)
+
+    def _with_spill_dir(self, request: ExecRequest) -> ExecRequest:
+        """``request`` spilling into this sandbox's directory (when it has one)."""
+        where = self.spill_dir
+        if where is None or request.limits.spill_dir == where:
+            return request
+        limits = request.limits.model_copy(update={"spill_dir": where})
+        return dataclasses.replace(request, limits=limits)
 
     def context(self) -> backends.Context:
         return backends.Context(
@@ -159,6 +199,8 @@ class Sandbox:
 
     async def __aenter__(self) -> Self:
         backend, self.fallback_reason = await anyio.to_thread.run_sync(self.choose_backend)
+        if self._spill_owned:  # old spill files go first (throttled, bounded, never fails)
+            await anyio.to_thread.run_sync(auto_prune, self._spill_root())
         try:
             await backend.open()
         except BaseException:
@@ -167,6 +209,7 @@ class Sandbox:
             self._collect_close_errors(backend)
             raise
         self._backend = backend
+        self._open_spill()
         return self
 
     async def __aexit__(
@@ -180,7 +223,8 @@ class Sandbox:
     async def aclose(self) -> None:
         """Close the sandbox (idempotent). Execs still running are cancelled first and finish
         their cleanup (TERM, grace, KILL: bounded); each returns a ``cancelled`` result whose
-        ``error`` says the sandbox was closed. Then the backend is closed (container removed)."""
+        ``error`` says the sandbox was closed. Then the backend is closed (container removed)
+        and the sandbox's spill files are removed (unless ``keep_spill``)."""
         with anyio.CancelScope(shield=True):
             if self._closed is not None:  # another aclose() is at work: wait for its end
                 await self._closed.wait()
@@ -204,8 +248,14 @@ class Sandbox:
                 for job in list(self._jobs):
                     job.release()
             finally:
-                self._closed = None
-                closed.set()
+                spill, self._spill = self._spill, None
+                try:
+                    if spill is not None and self._spill_owned:  # its spill files go too
+                        close_spill = functools.partial(spill.close, keep=self.keep_spill)
+                        await anyio.to_thread.run_sync(close_spill)
+                finally:
+                    self._closed = None
+                    closed.set()
 
     def _collect_close_errors(self, backend: backends.Backend) -> None:
         self.close_errors += getattr(backend, "close_errors", [])
@@ -291,11 +341,11 @@ class Sandbox:
             pass_proxy=self._pass_proxy,
         )
         try:
-            timeout_s = self.limits.clamp_timeout(timeout)
+            timeout_s = self.limits.effective_timeout(timeout)
             limits = self.limits.with_idle_timeout(idle_timeout)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        return ExecRequest(
+        request = ExecRequest(
             run_id=new_run_id(),
             argv=None if argv is None else validate_argv(argv),
             script=shell,
@@ -311,6 +361,7 @@ class Sandbox:
             explicit=frozenset(explicit),
             login=self._logins.mode,
         )
+        return self._with_spill_dir(request)
 
     def missing_guarantees(self, request: ExecRequest) -> list[str]:
         enforced = set(self.backend.isolation(request))
@@ -380,7 +431,7 @@ class Sandbox:
     ) -> Job:
         """Start a background job (``docs/jobs.md``) and return it at once; it runs like an
         ``exec`` (same validation, refusal, isolation) until it ends, ``job.kill()``, or the
-        sandbox closes. ``timeout`` None: no wall-clock limit (else clamped like ``exec``'s);
+        sandbox closes. ``timeout`` None: no wall-clock limit (else checked like ``exec``'s);
         ``idle_timeout``: only the job's own (``Limits.idle_timeout_s`` does not apply).
         ``stdin``: False ``/dev/null``, bytes as ``exec``, True fed by ``job.write_stdin``."""
         request = self.prepare(
@@ -454,6 +505,7 @@ class Sandbox:
             login=self._logins.mode,
             login_shell=self._logins.shell,
         )
+        sandbox._spill, sandbox._spill_owned = self._spill, False  # results outlive it
         again = dataclasses.replace(request, run_id=new_run_id(), policy=policy)
         return sandbox, again
 
@@ -511,6 +563,7 @@ class Sandbox:
         """Run a prepared request. ``scope``: the run's own cancel scope (a job's: cancelling
         it ends the run like ``aclose`` does, with a ``cancelled`` result), else a new one."""
         backend = self.backend
+        request = self._with_spill_dir(request)
         backend.check_request(request)
         missing = self.missing_guarantees(request)
         if missing and (self.policy.strict or not self.policy.allow_degraded):
@@ -615,9 +668,11 @@ def run(
     timeout: float | None = None,
     stdin: bytes | None = None,
     escalate: EscalationHook | None = None,
+    keep_spill: bool = False,
 ) -> ExecResult:
     """Synchronous one-shot: open a sandbox, run one command, close it (``escalate``: see
-    ``Sandbox.exec``)."""
+    ``Sandbox.exec``). The result's ``*_spill`` files are removed with the sandbox unless
+    ``keep_spill``."""
 
     async def go() -> ExecResult:
         async with Sandbox(
@@ -626,6 +681,7 @@ def run(
             policy=policy,
             limits=limits,
             pass_proxy=pass_proxy,
+            keep_spill=keep_spill,
         ) as sb:
             return await sb.exec(
                 argv,

@@ -4,9 +4,18 @@ docs/cli.md.
 Start-up is kept fast (``bench/cli_startup.py``): this package and its command modules import
 only typer and the standard library at module level; the engine, pydantic models and anyio are
 imported inside the commands that need them.
+
+Every error is one ``sandboxrun: error: <message>`` line on stderr (at most one hint line
+more); a command given ``--json`` also prints ``{"error": {...}}`` on stdout, also for errors
+of the command line itself (``main`` runs the app with ``standalone_mode=False`` and formats
+click's exceptions, never typer's boxes).
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import typer
 
@@ -18,11 +27,102 @@ app = typer.Typer(
     help="Run untrusted commands against a workspace with OS-level isolation.",
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from sandboxrun import __version__
+
+        sys.stdout.write(f"sandboxrun {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="print the version (sandboxrun X.Y.Z) and exit",
+        ),
+    ] = False,
+) -> None:
+    """Run untrusted commands against a workspace with OS-level isolation."""
+
+
 from sandboxrun.cli import admin, image, run  # noqa: E402  (registers the commands)
 
 __all__ = ["admin", "app", "image", "main", "run"]
 
 
-def main() -> None:
-    """The ``sandboxrun`` console script."""
-    app(prog_name="sandboxrun")
+def _click_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes of click's command-line errors: typer's vendored click (typer
+    0.2x) and click itself (older typer). Evaluated only when an exception is on its way."""
+    found: list[type[BaseException]] = [typer.TyperException]
+    try:
+        import click
+    except ImportError:  # pragma: no cover - typer 0.2x no longer needs click
+        return tuple(found)
+    return (*found, click.ClickException)
+
+
+def _json_asked(ctx: Any, argv: Sequence[str]) -> bool:
+    """Whether the failing command has a ``--json`` option and its part of ``argv`` holds it."""
+    from sandboxrun.cli.options import json_requested
+
+    params = list(getattr(getattr(ctx, "command", None), "params", []))
+    if not any("--json" in getattr(p, "opts", ()) for p in params):
+        return False
+    words = list(argv)
+    for name in str(ctx.command_path).split()[1:]:  # skip to the failing command's own words
+        if name in words:
+            words = words[words.index(name) + 1 :]
+    takes_value = {
+        name
+        for p in params
+        if getattr(p, "param_type_name", "") == "option"
+        and not getattr(p, "is_flag", False)
+        and not getattr(p, "count", False)
+        for name in [*p.opts, *getattr(p, "secondary_opts", [])]
+    }
+    return json_requested(words, takes_value)
+
+
+def _command_line_error(exc: BaseException, argv: Sequence[str]) -> int:
+    """Say a click error in sandboxrun's one style (and as JSON after ``--json``): its status."""
+    from sandboxrun.cli.report import fail
+
+    status = int(getattr(exc, "exit_code", 2))
+    if type(exc).__name__ == "NoArgsIsHelpError":  # bare `sandboxrun`: the help, as click does
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        return status
+    ctx = getattr(exc, "ctx", None)
+    format_message = getattr(exc, "format_message", None)
+    message = str(format_message() if callable(format_message) else exc).strip().rstrip(".")
+    message = message.replace("Value error, ", "")  # typer's pydantic coercion
+    message = message[:1].lower() + message[1:]
+    param = getattr(exc, "param", None)
+    is_option = getattr(param, "param_type_name", None) == "option"
+    names: list[str] = list(getattr(param, "opts", None) or []) if is_option else []
+    option = max(names, key=len) if names else None
+    hint = f"Try '{ctx.command_path} --help' for help." if ctx is not None else None
+    json_out = ctx is not None and _json_asked(ctx, argv)
+    kind = "UsageError" if status == 2 else type(exc).__name__
+    return fail(status, message, json_out=json_out, kind=kind, hint=hint, option=option).exit_code
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """The ``sandboxrun`` console script (``args``: the words after the program name)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    try:
+        code = app(args=argv, prog_name="sandboxrun", standalone_mode=False)
+    except _click_errors() as exc:
+        code = _command_line_error(exc, argv)
+    except typer.Abort:
+        from sandboxrun.cli.report import fail
+
+        code = fail(1, "aborted").exit_code
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,8 +1,9 @@
-"""What the CLI prints about a result: exit statuses, summary lines, stdout/stderr writers.
-Pure formatting, no engine."""
+"""What the CLI prints: exit statuses, the final line of a run, error lines and the ``--json``
+error object, stdout/stderr writers. Pure formatting, no engine."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -11,12 +12,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from sandboxrun.units import format_duration, format_size
+
 if TYPE_CHECKING:
     from sandboxrun.models import ExecResult
     from sandboxrun.terminal import StreamStats
 
 EXIT_USAGE = 2
 EXIT_SANDBOX = 125
+EXIT_CANCELLED = 130
+KEEP_SPILL_HINT = "full stream not kept; --keep-spill keeps it"
 
 
 def exit_status(result: ExecResult) -> int:
@@ -24,7 +29,7 @@ def exit_status(result: ExecResult) -> int:
     if result.status == "timed_out":
         return 124
     if result.status == "cancelled":
-        return 130
+        return EXIT_CANCELLED
     if result.status == "sandbox_error":
         return EXIT_SANDBOX
     if result.status == "oom_killed":
@@ -58,14 +63,40 @@ def say(line: str) -> None:
             os.close(devnull)
 
 
-def fail(code: int, message: str) -> typer.Exit:
+def error_json(kind: str, message: str, status: int, **extra: object) -> str:
+    """The ``--json`` output of a run that has no result: ``{"error": {"type", "message",
+    "exit_status", ...}}`` on one line (bytes that are not UTF-8 escaped as in a result);
+    ``extra`` entries that are None are left out."""
+    known = {name: value for name, value in extra.items() if value is not None}
+    body = {"type": kind, "message": message, "exit_status": status, **known}
+    text = json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def fail(
+    code: int,
+    message: str,
+    *,
+    json_out: bool = False,
+    kind: str = "error",
+    hint: str | None = None,
+    **extra: object,
+) -> typer.Exit:
+    """Say ``sandboxrun: error: message`` (and ``hint``, one more line) on stderr, and with
+    ``json_out`` print the error object on stdout; return the ``typer.Exit`` to raise."""
     say(f"sandboxrun: error: {message}")
+    if hint:
+        say(hint)
+    if json_out:
+        write_out(error_json(kind, message, code, **extra) + "\n")
     return typer.Exit(code)
 
 
-def _where(result: ExecResult, name: str) -> str:
+def _where(result: ExecResult, name: str, kept: bool) -> str:
     """Where the full stream ``name`` can be found, as a summary clause."""
     spill = getattr(result, f"{name}_spill")
+    if spill and not kept:
+        return KEEP_SPILL_HINT
     if spill and getattr(result, f"{name}_spill_complete"):
         return f"full stream in {spill}"
     if spill:
@@ -73,53 +104,89 @@ def _where(result: ExecResult, name: str) -> str:
     return "the full stream was not kept"
 
 
-def live_notes(result: ExecResult, stats: dict[str, StreamStats]) -> list[str]:
+def live_notes(
+    result: ExecResult, stats: dict[str, StreamStats], *, spill_kept: bool = True
+) -> list[str]:
     """What live output did not reach its reader, and why (slow terminal, closed pipe)."""
     parts: list[str] = []
     for name, s in stats.items():
+        where = _where(result, name, spill_kept)
         if s.dropped:
             parts.append(
-                f"{s.dropped} bytes of {name} not shown on the terminal "
-                f"(too slow; {_where(result, name)})"
+                f"{s.dropped} bytes of {name} not shown on the terminal (too slow; {where})"
             )
         if s.lost and s.failure == "closed":
             parts.append(
-                f"the reader of {name} closed the pipe: {s.lost} bytes not shown "
-                f"({_where(result, name)})"
+                f"the reader of {name} closed the pipe: {s.lost} bytes not shown ({where})"
             )
         elif s.lost:
-            parts.append(
-                f"writing {name} failed ({s.failure}): {s.lost} bytes not shown "
-                f"({_where(result, name)})"
-            )
+            parts.append(f"writing {name} failed ({s.failure}): {s.lost} bytes not shown ({where})")
     return parts
 
 
-def summary(result: ExecResult, live: dict[str, StreamStats] | None = None) -> str | None:
-    """One line on what the user should know: live output not shown, truncation, timeout,
-    survivors."""
-    parts = live_notes(result, live or {})
+def headline(
+    result: ExecResult, *, timeout_s: float | None = None, memory_bytes: int | None = None
+) -> str | None:
+    """How the run ended when it did not end by itself (None when it did: an exit code, even a
+    non-zero one, is the command's own answer): timed out, killed, cancelled, not started."""
+    if result.timed_out and result.timeout_kind == "idle":
+        idle = [p for p in (result.error or "").split("; ") if p.endswith("(idle timeout)")]
+        return f"timed out: {idle[0] if idle else 'no output (idle timeout)'}"
     if result.timed_out:
-        parts.append(f"timed out after {result.duration_s:.1f}s")
-        if result.timeout_kind == "idle":
-            idle = [p for p in (result.error or "").split("; ") if p.endswith("(idle timeout)")]
-            parts[-1] += f": {idle[0] if idle else 'no output (idle timeout)'}"
+        after = f"{result.duration_s:.1f}s" if timeout_s is None else format_duration(timeout_s)
+        return f"timed out after {after}"
+    if result.status == "oom_killed":
+        limit = f" (limit {format_size(memory_bytes)})" if memory_bytes else ""
+        return f"killed: out of memory{limit}; a larger --memory allows more"
+    if result.status == "cancelled":
+        return "cancelled"
+    if result.status in ("spawn_error", "sandbox_error"):
+        return result.error or result.status.replace("_", " ")
+    if result.signal is not None:
+        return f"killed by {result.signal}"
+    return None
+
+
+def summary(
+    result: ExecResult,
+    live: dict[str, StreamStats] | None = None,
+    *,
+    shown_live: bool = False,
+    spill_kept: bool = True,
+    timeout_s: float | None = None,
+    memory_bytes: int | None = None,
+    denial_shown: bool = False,
+) -> str | None:
+    """The one line that ends a run's stderr when there is something to know: how it ended
+    (``headline``) or the sandbox's denial, then what output was not shown (``live_notes``),
+    truncation (only when the output was not ``shown_live``: ``--json``), where kept spill
+    files are, and survivors. None when there is nothing to say.
+
+    ``spill_kept``: the spill files outlive the run (``--keep-spill``); ``timeout_s``: the
+    timeout given (the line names it, not the duration); ``memory_bytes``: the memory limit;
+    ``denial_shown``: the denial was already printed (``--ask``)."""
+    head = headline(result, timeout_s=timeout_s, memory_bytes=memory_bytes)
+    oom = result.status == "oom_killed"  # the headline says it
+    denied = None if denial_shown or oom else denial_line(result, prefix="")
+    parts = [p for p in (head, denied) if p]
+    stats = live or {}
+    parts += live_notes(result, stats, spill_kept=spill_kept)
+    noted = {name for name, s in stats.items() if s.dropped or s.lost}
     for name in ("stdout", "stderr"):
-        if getattr(result, f"{name}_truncated"):
+        spill = getattr(result, f"{name}_spill")
+        if getattr(result, f"{name}_truncated") and not shown_live:
             dropped = getattr(result, f"{name}_dropped_bytes")
-            spill = getattr(result, f"{name}_spill")
-            where = f", full stream in {spill}" if spill else ""
-            if spill and not getattr(result, f"{name}_spill_complete"):
-                where = f", first part in {spill}"
-            parts.append(f"{name} truncated ({dropped} bytes omitted{where})")
+            where = _where(result, name, spill_kept)
+            parts.append(f"{name} truncated ({dropped} bytes omitted, {where})")
+        elif shown_live and spill and spill_kept and name not in noted:
+            whole = getattr(result, f"{name}_spill_complete")
+            parts.append(f"{name} {'kept' if whole else 'first part kept'} in {spill}")
     if result.survivors:
         parts.append(f"{result.survivors} process(es) survived termination")
-    if result.error and result.status in ("spawn_error", "sandbox_error"):
-        parts.append(result.error)
     return "sandboxrun: " + "; ".join(parts) if parts else None
 
 
-def denial_line(result: ExecResult) -> str | None:
+def denial_line(result: ExecResult, *, prefix: str = "sandboxrun: ") -> str | None:
     """The line saying the sandbox, not the program, refused something (text mode)."""
     found = result.denial
-    return None if found is None else f"sandboxrun: denied: {found.message} ({found.evidence})"
+    return None if found is None else f"{prefix}denied: {found.message} ({found.evidence})"

@@ -8,13 +8,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
 from sandboxrun.argv import quote_argv
 from sandboxrun.cli import app
+from sandboxrun.cli.options import check_run_limits, option_named
 from sandboxrun.cli.report import (
+    EXIT_CANCELLED,
     EXIT_SANDBOX,
     EXIT_USAGE,
     denial_line,
@@ -32,7 +35,6 @@ from sandboxrun.errors import (
     SandboxrunError,
     SandboxUnavailableError,
 )
-from sandboxrun.units import parse_size
 
 if TYPE_CHECKING:
     from sandboxrun.models import ExecResult, Policy
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 
 OPTION_OF = {
     "timeout_s": "--timeout",
+    "max_timeout_s": "--max-timeout",
     "idle_timeout_s": "--idle-timeout",
     "grace_s": "--grace",
     "max_output": "--max-output",
@@ -50,6 +53,9 @@ OPTION_OF = {
     "pids": "--pids",
 }
 """The option behind a ``Limits`` field, for error messages."""
+REMOVED_SPILL = {"stdout_spill": None, "stderr_spill": None}
+"""``--json`` without ``--keep-spill``: the spill files are gone with the sandbox, so the
+result names none."""
 
 
 def _is_tty(fd: int) -> bool:
@@ -61,8 +67,8 @@ def _is_tty(fd: int) -> bool:
 
 def ask_to_escalate(current: Policy, wider: Policy) -> bool:
     """``--ask``: on a terminal (stdin and stderr both), ask on stderr whether to re-run under
-    ``wider`` and read the answer from stdin (the command's stdin is /dev/null, never the
-    terminal); without one never ask: say so and answer no."""
+    ``wider`` and read the answer from stdin (the command's stdin is /dev/null unless ``-i``);
+    without one never ask: say so and answer no."""
     from sandboxrun.denial import describe_change
 
     change = describe_change(current, wider)
@@ -78,10 +84,14 @@ def ask_to_escalate(current: Policy, wider: Policy) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult | None:
+async def _execute(sb: Sandbox, request: ExecRequest, interactive: bool) -> ExecResult | None:
     """Open, run, close; SIGINT/SIGTERM at any moment cancel it (cleanup still runs: later
-    signals are absorbed until it is done). None when cancelled before the command started."""
+    signals are absorbed until it is done). ``interactive``: the CLI's stdin is forwarded to
+    the command while it runs. None when cancelled before the command started."""
     import anyio
+
+    from sandboxrun.cli.stdin_feed import forward_stdin
+    from sandboxrun.spec import StdinStream
 
     result: ExecResult | None = None
     error: SandboxrunError | None = None
@@ -94,6 +104,10 @@ async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult | None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch)
+        if interactive:
+            stream = StdinStream()
+            request = dataclasses.replace(request, stdin=stream)
+            tg.start_soon(forward_stdin, stream)
         with work:
             try:
                 async with sb:
@@ -106,51 +120,281 @@ async def _execute(sb: Sandbox, request: ExecRequest) -> ExecResult | None:
     return result if result is not None else sb.last_result
 
 
+def _error_exit(exc: BaseException, json_out: bool) -> typer.Exit:
+    """The error line (and ``--json`` error object) for an exception of the run: its exit."""
+    from pydantic import ValidationError
+
+    kind = type(exc).__name__
+    if isinstance(exc, ValidationError):  # a limit the options' own checks let through
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        where = OPTION_OF.get(where, where)
+        message = str(first["msg"]).removeprefix("Value error, ")
+        return fail(
+            EXIT_USAGE, f"invalid {where}: {message}", json_out=json_out, kind="ConfigError"
+        )
+    if isinstance(exc, InputError):
+        option = option_named(str(exc))
+        return fail(EXIT_USAGE, str(exc), json_out=json_out, kind=kind, option=option)
+    if isinstance(exc, PolicyRefusedError):
+        return fail(
+            EXIT_SANDBOX,
+            str(exc),
+            json_out=json_out,
+            kind=kind,
+            backend=exc.backend,
+            missing=exc.missing,
+        )
+    if isinstance(exc, SandboxUnavailableError):
+        return fail(EXIT_SANDBOX, str(exc), json_out=json_out, kind=kind, backend=exc.backend)
+    if isinstance(exc, BackendError):
+        return fail(EXIT_SANDBOX, str(exc), json_out=json_out, kind=kind)
+    if isinstance(exc, KeyboardInterrupt):
+        return fail(EXIT_CANCELLED, "interrupted", json_out=json_out, kind="Cancelled")
+    message = f"internal error: {kind}: {exc} (a bug: please report it"
+    if os.environ.get("SANDBOXRUN_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc)
+        message += ")"
+    else:
+        message += "; SANDBOXRUN_DEBUG=1 shows the traceback)"
+    return fail(EXIT_SANDBOX, message, json_out=json_out, kind="InternalError")
+
+
+class _RunCommand(TyperCommand):
+    """``run``'s usage line: ``[OPTIONS] [--] COMMAND [ARGS]...`` (typer would print the
+    argument as ``{COMMAND}...``)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return ["[OPTIONS] [--] COMMAND [ARGS]..."]
+
+
 Backend = Literal["auto", "docker", "systemd-scope", "process-group"]
 Access = Literal["read-only", "workspace-write", "danger-full-access"]
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command(cls=_RunCommand, context_settings={"allow_interspersed_args": False})
 def run(
-    command: Annotated[list[str], typer.Argument(help="COMMAND [ARGS...] (after --)")],
-    workspace: Annotated[Path, typer.Option("-w", "--workspace")] = Path(),
-    workdir: Annotated[str | None, typer.Option("-C", "--workdir")] = None,
-    backend: Annotated[Backend, typer.Option("-b", "--backend")] = "auto",
-    policy: Annotated[Access, typer.Option("--policy")] = "workspace-write",
-    network: Annotated[Literal["none", "on"], typer.Option("--network")] = "none",
-    timeout: Annotated[float | None, typer.Option("-t", "--timeout")] = None,
-    idle_timeout: Annotated[
-        float | None,
+    command: Annotated[list[str], typer.Argument(metavar="COMMAND", hidden=True)],
+    workspace: Annotated[
+        Path,
         typer.Option(
-            "--idle-timeout",
-            metavar="SECONDS",
-            help="end the run (as timed out, exit 124) after SECONDS without any output "
-            "on stdout or stderr; default: none",
+            "-w", "--workspace", metavar="DIR", help="host directory the command works on"
+        ),
+    ] = Path(),
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            "-C",
+            "--workdir",
+            metavar="PATH",
+            help="working directory, relative to the workspace; escapes are refused "
+            "(default: the workspace)",
+            show_default=False,
         ),
     ] = None,
-    grace: Annotated[float, typer.Option("--grace")] = 3.0,
-    max_output: Annotated[str, typer.Option("--max-output")] = "64k",
-    spill_max: Annotated[str, typer.Option("--spill-max")] = "64m",
-    env: Annotated[list[str] | None, typer.Option("-e", "--env")] = None,
-    pass_env: Annotated[list[str] | None, typer.Option("--pass-env")] = None,
-    pass_proxy: Annotated[bool, typer.Option("--pass-proxy")] = False,
-    path_prepend: Annotated[list[str] | None, typer.Option("--path-prepend")] = None,
-    shell: Annotated[bool, typer.Option("--shell", help="COMMAND is one shell string")] = False,
+    backend: Annotated[
+        Backend,
+        typer.Option(
+            "-b",
+            "--backend",
+            metavar="BACKEND",
+            help="docker, systemd-scope or process-group; auto: the first of them that is "
+            "available (a named backend never falls back)",
+        ),
+    ] = "auto",
+    policy: Annotated[
+        Access,
+        typer.Option(
+            "--policy",
+            metavar="POLICY",
+            help="read-only (workspace and system read-only), workspace-write (the workspace "
+            "is writable) or danger-full-access (no isolation)",
+        ),
+    ] = "workspace-write",
+    network: Annotated[
+        Literal["none", "on"],
+        typer.Option("--network", metavar="none|on", help="none: no network; on: network"),
+    ] = "none",
+    timeout: Annotated[
+        str | None,
+        typer.Option(
+            "-t",
+            "--timeout",
+            metavar="DURATION",
+            help="wall-clock limit, then TERM, --grace, KILL and exit 124 (default: 120s, or "
+            "--max-timeout when lower)",
+            show_default=False,
+        ),
+    ] = None,
+    max_timeout: Annotated[
+        str,
+        typer.Option(
+            "--max-timeout",
+            metavar="DURATION",
+            help="the largest --timeout accepted: a larger one is refused, never shortened",
+        ),
+    ] = "10m",
+    idle_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--idle-timeout",
+            metavar="DURATION",
+            help="end the run like --timeout (exit 124) after DURATION without any output on "
+            "stdout or stderr (default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    grace: Annotated[
+        str,
+        typer.Option(
+            "--grace",
+            metavar="DURATION",
+            help="time between TERM and KILL when the run is stopped (0 to 10m)",
+        ),
+    ] = "3s",
+    max_output: Annotated[
+        str,
+        typer.Option(
+            "--max-output",
+            metavar="SIZE",
+            help="bytes of each stream the result keeps in memory, head + tail (at least 64)",
+        ),
+    ] = "64k",
+    spill_max: Annotated[
+        str,
+        typer.Option(
+            "--spill-max",
+            metavar="SIZE",
+            help="cap of each stream's spill file, which holds the full output (0: none)",
+        ),
+    ] = "64m",
+    keep_spill: Annotated[
+        bool,
+        typer.Option(
+            "--keep-spill",
+            help="keep the spill files after the run (the summary and --json name them); "
+            "default: removed with the sandbox",
+        ),
+    ] = False,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-e",
+            "--env",
+            metavar="NAME=VALUE",
+            help="set a variable; repeatable, the only way in for secret-shaped names "
+            "(default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    pass_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pass-env",
+            metavar="NAME",
+            help="copy a host variable; repeatable, refused for secret-shaped names "
+            "(default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    pass_proxy: Annotated[
+        bool,
+        typer.Option("--pass-proxy", help="copy the host's proxy and CA variables"),
+    ] = False,
+    path_prepend: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--path-prepend",
+            metavar="DIR",
+            help="put the absolute DIR first in PATH; repeatable (default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    shell: Annotated[
+        bool,
+        typer.Option("--shell", help="COMMAND is one shell script, run by the login shell"),
+    ] = False,
     login_shell: Annotated[
         str | None,
-        typer.Option("--login-shell", help="PATH of the login shell (default: chosen inside)"),
+        typer.Option(
+            "--login-shell",
+            metavar="PATH",
+            help="the login shell inside the sandbox (default: the user's when it is bash, "
+            "zsh, sh or dash, else bash, else sh)",
+            show_default=False,
+        ),
     ] = None,
     login_each: Annotated[
         bool,
         typer.Option("--login-each", help="a login shell per command (no environment snapshot)"),
     ] = False,
-    memory: Annotated[str | None, typer.Option("--memory")] = None,
-    cpus: Annotated[float | None, typer.Option("--cpus")] = None,
-    pids: Annotated[int | None, typer.Option("--pids")] = None,
-    image: Annotated[str | None, typer.Option("--image", help="docker only")] = None,
-    user: Annotated[str | None, typer.Option("--user", help="UID[:GID], docker only")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
-    strict: Annotated[bool, typer.Option("--strict")] = False,
+    memory: Annotated[
+        str | None,
+        typer.Option(
+            "--memory",
+            metavar="SIZE",
+            help="memory limit, at least 6m; a bare number is bytes (default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    cpus: Annotated[
+        str | None,
+        typer.Option(
+            "--cpus",
+            metavar="N",
+            help="CPU limit in CPUs, e.g. 0.5 or 2: from 0.01 up to this host's CPU count "
+            "(default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    pids: Annotated[
+        str | None,
+        typer.Option(
+            "--pids",
+            metavar="N",
+            help="most processes and threads at once, at least 1 (default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            metavar="IMAGE",
+            help="docker image, docker only (default: sandboxrun/base:latest)",
+            show_default=False,
+        ),
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user",
+            metavar="UID[:GID]",
+            help="user the command runs as, docker only (default: yours; the workspace "
+            "owner's when you are root)",
+            show_default=False,
+        ),
+    ] = None,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "-i",
+            "--interactive",
+            help="pass this program's stdin to COMMAND, streamed as it arrives; without -i "
+            "COMMAND's stdin is closed (/dev/null)",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the argv that would run, run nothing")
+    ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict", help="refuse (exit 125) when the backend cannot give every guarantee"
+        ),
+    ] = False,
     allow_degraded: Annotated[
         bool,
         typer.Option(
@@ -161,7 +405,12 @@ def run(
     ] = False,
     mask: Annotated[
         list[str] | None,
-        typer.Option("--mask", help="PATH to hide from the command (local backends)"),
+        typer.Option(
+            "--mask",
+            metavar="PATH",
+            help="hide PATH from the command; repeatable (default: none)",
+            show_default=False,
+        ),
     ] = None,
     no_mask: Annotated[
         bool, typer.Option("--no-mask", help="do not mask secret values in the output")
@@ -170,31 +419,44 @@ def run(
         bool,
         typer.Option("--ask", help="on a denial, ask (on a terminal) to re-run with more access"),
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='print one JSON object on stdout: the result, or {"error": ...}; output is '
+            "not shown live",
+        ),
+    ] = False,
 ) -> None:
-    """Run COMMAND in a sandbox over the workspace and exit with its status."""
-    import anyio
-    from pydantic import ValidationError
+    """Run COMMAND [ARGS]... in a sandbox over the workspace and exit with its status.
 
-    from sandboxrun.models import Limits, Policy
-    from sandboxrun.sandbox import Sandbox
-    from sandboxrun.terminal import LiveWriter
-
+    Options end at COMMAND's first word; put -- before COMMAND when that starts with -.
+    Durations: 90, 90s, 1.5s, 500ms, 10m, 1h (a bare number is seconds). Sizes: k, m, g
+    suffixes (KiB, MiB, GiB; a bare number is bytes)."""
     logging.getLogger("sandboxrun").addHandler(logging.NullHandler())
     logging.getLogger("sandboxrun").propagate = False
     try:
+        import anyio
+
+        from sandboxrun.models import Limits, Policy
+        from sandboxrun.sandbox import Sandbox
+        from sandboxrun.terminal import LiveWriter
+
         if shell and len(command) != 1:
             raise InputError("--shell takes exactly one COMMAND string (quote the script)")
-        limits = Limits(
-            timeout_s=timeout if timeout is not None else Limits().timeout_s,
-            grace_s=grace,
-            max_output=parse_size(max_output, what="--max-output"),
-            spill_max=parse_size(spill_max, what="--spill-max"),
-            memory_bytes=None if memory is None else parse_size(memory, what="--memory"),
+        checked = check_run_limits(
+            timeout=timeout,
+            max_timeout=max_timeout,
+            idle_timeout=idle_timeout,
+            grace=grace,
+            max_output=max_output,
+            spill_max=spill_max,
+            memory=memory,
             cpus=cpus,
             pids=pids,
-            idle_timeout_s=idle_timeout,
+            host_cpus=os.cpu_count(),
         )
+        limits = Limits(**dataclasses.asdict(checked))
         live = None if json_out or dry_run else LiveWriter()
         shown_denial = False
         sb = Sandbox(
@@ -217,12 +479,12 @@ def run(
             user=user,
             login="each" if login_each else "snapshot",
             login_shell=login_shell,
+            keep_spill=keep_spill,
         )
         request = sb.prepare(
             None if shell else command,
             shell=command[0] if shell else None,
             workdir=workdir,
-            timeout=timeout,
             sink=live,
         )
         if dry_run:
@@ -231,14 +493,14 @@ def run(
             write_out(quote_argv(chosen.describe(request)) + "\n")
             raise typer.Exit(0)
         try:
-            outcome = anyio.run(_execute, sb, request)
+            outcome = anyio.run(_execute, sb, request, interactive)
         finally:
             if live is not None:
                 live.close()
             for message in sb.close_errors:  # e.g. a container left behind
                 say(f"sandboxrun: warning: {message}")
         if outcome is None:
-            raise fail(130, "interrupted before the command started")
+            _cancelled_before_start(json_out)
         result = outcome
         wider = result.denial.escalate_to if result.denial is not None else None
         if ask and not json_out and wider is not None and wider != sb.policy:  # --json: never
@@ -249,29 +511,21 @@ def run(
                 live = LiveWriter()
                 again = dataclasses.replace(again, sink=live)
                 try:
-                    outcome = anyio.run(_execute, widened, again)
+                    outcome = anyio.run(_execute, widened, again, interactive)
                 finally:
                     live.close()
                     for message in widened.close_errors:
                         say(f"sandboxrun: warning: {message}")
                 if outcome is None:
-                    raise fail(130, "interrupted before the command started")
+                    _cancelled_before_start(json_out)
                 result = outcome.model_copy(update={"escalated_from": sb.policy})
                 shown_denial = False
         if sb.close_errors and json_out:  # --json readers learn of it too (stderr has it)
             result = result.model_copy(update={"warnings": [*result.warnings, *sb.close_errors]})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        where = OPTION_OF.get(where, where)
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise fail(EXIT_USAGE, f"invalid {where}: {message}") from None
-    except InputError as exc:
-        raise fail(EXIT_USAGE, str(exc)) from None
-    except (SandboxUnavailableError, PolicyRefusedError, BackendError) as exc:
-        raise fail(EXIT_SANDBOX, str(exc)) from None
-    except KeyboardInterrupt:
-        raise fail(130, "interrupted") from None
+    except (typer.Exit, SystemExit):
+        raise
+    except (Exception, KeyboardInterrupt) as exc:
+        raise _error_exit(exc, json_out) from None
     if result.fallback_reason:
         say(f"sandboxrun: warning: falling back to {result.backend}: {result.fallback_reason}")
     if result.missing_guarantees:
@@ -280,14 +534,29 @@ def run(
             f"{', '.join(result.missing_guarantees)}"
         )
     if json_out:
-        write_out((result.to_json() + "\n").encode())  # valid UTF-8 whatever the locale
+        shown = result if keep_spill else result.model_copy(update=REMOVED_SPILL)
+        write_out((shown.to_json() + "\n").encode())  # valid UTF-8 whatever the locale
     else:
         for warning in result.warnings:
             say(f"sandboxrun: warning: {warning}")
-        denied = denial_line(result)
-        if denied and not shown_denial:
-            say(denied)
-        line = summary(result, live.stats if live else None)
-        if line:
-            say(line)
+    line = summary(
+        result,
+        live.stats if live else None,
+        shown_live=not json_out,
+        spill_kept=keep_spill,
+        timeout_s=request.timeout_s,
+        memory_bytes=sb.limits.memory_bytes,
+        denial_shown=shown_denial,
+    )
+    if line:
+        say(line)
     raise typer.Exit(exit_status(result))
+
+
+def _cancelled_before_start(json_out: bool) -> NoReturn:
+    raise fail(
+        EXIT_CANCELLED,
+        "cancelled before the command started",
+        json_out=json_out,
+        kind="Cancelled",
+    )

@@ -20,7 +20,7 @@ FAST = Limits(grace_s=0.5, drain_s=0.5)
 async def run(
     workspace: Path, backend: str, *argv: str, limits: Limits = FAST, **kwargs: object
 ) -> ExecResult:
-    async with Sandbox(workspace, backend=backend, limits=limits) as sb:
+    async with Sandbox(workspace, backend=backend, limits=limits, keep_spill=True) as sb:
         result = await sb.exec(list(argv) if argv else None, **kwargs)  # type: ignore[arg-type]
         await assert_container_clean(sb)
     assert result.backend == backend

@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
 
     async def main():
         async with Sandbox(sys.argv[1], backend=sys.argv[4],
-                           limits=Limits(max_output=int(sys.argv[2]))) as sb:
+                           limits=Limits(max_output=int(sys.argv[2])), keep_spill=True) as sb:
             await sb.exec(["head", "-c", "1000000", "/dev/zero"])  # warm-up
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             r = await sb.exec(["head", "-c", sys.argv[3], "/dev/zero"], timeout=120)

@@ -336,8 +336,10 @@ async def test_ended_jobs_hold_no_descriptor_and_are_capped(
         assert all(log.open_fds == 0 for job in chatty for log in job.logs.values())
         kept = sorted(chatty, key=lambda j: j.ended_at or 0)[-3:]
         assert sb.jobs() == sorted(kept, key=chatty.index)  # the 3 newest ended ones
+        own = sb.spill_dir  # the sandbox's own directory in the spill root
+        assert own is not None and own.parent == spill_root
         for job in chatty:
-            spilled = (spill_root / f"{job.id}.log").exists()
+            spilled = (own / f"{job.id}.log").exists()
             assert spilled == (job in kept) and job.released == (job not in kept)
             # what is held stays readable: from the spill (reopened per read) or memory
             held = job.read(0, limit=1 << 20)
@@ -350,7 +352,7 @@ async def test_ended_jobs_hold_no_descriptor_and_are_capped(
         await running.kill()
         sb.forget(kept[0])
         sb.forget(kept[0])  # idempotent
-        assert kept[0] not in sb.jobs() and not (spill_root / f"{kept[0].id}.log").exists()
+        assert kept[0] not in sb.jobs() and not (own / f"{kept[0].id}.log").exists()
         assert kept[0].read(0).data == expected[-1024:]
         assert kept[0].result is not None and kept[0].result.status == "completed"
 

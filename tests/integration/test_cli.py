@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pty
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import processes_with_arg, wait_until
+from helpers import processes_with_arg, require_backend, wait_until
 
 from sandboxrun.models import ExecResult
 
@@ -84,7 +85,7 @@ def test_json_holds_output_and_facts(workspace: Path) -> None:
         (["--max-output", "lots", "--", "true"], "--max-output"),
         (["--shell", "--", "echo", "two"], "--shell"),
         (["--pass-env", "GITHUB_TOKEN", "--", "true"], "GITHUB_TOKEN"),
-        (["--idle-timeout", "0", "--", "true"], "invalid --idle-timeout"),
+        (["--idle-timeout", "0", "--", "true"], "--idle-timeout must be more than 0"),
     ],
 )
 def test_input_errors_exit_2_with_one_line(workspace: Path, args: list[str], message: str) -> None:
@@ -157,15 +158,41 @@ def test_allow_degraded_missing_guarantees_are_one_warning(workspace: Path) -> N
 
 
 def test_live_output_and_summary_line(workspace: Path) -> None:
+    """Text mode shows the output live: all of it reached the user, so no truncation notice."""
     proc = cli(
         "run", "-w", str(workspace), "-b", "process-group", "--max-output", "100",
         "--", "sh", "-c", "seq 1 1000; echo err >&2",
     )  # fmt: skip
     assert proc.returncode == 0
     assert proc.stdout == "".join(f"{i}\n" for i in range(1, 1001))
-    summary = [line for line in proc.stderr.splitlines() if "truncated" in line]
-    assert len(summary) == 1
-    assert "stdout truncated" in summary[0]
+    assert proc.stderr == "err\n"
+
+
+def test_truncation_is_said_when_output_was_not_shown_live(workspace: Path) -> None:
+    args = ["--max-output", "100", "--", "seq", "1", "1000"]
+    rc, data = run_json(workspace, *args)
+    assert rc == 0 and data["stdout_truncated"] is True
+    assert data["stdout_spill"] is None  # removed with the sandbox: the result names no file
+    proc = cli("run", "-w", str(workspace), "-b", "process-group", "--json", *args)
+    omitted = int(str(data["stdout_dropped_bytes"]))
+    assert proc.stderr.splitlines() == [
+        f"sandboxrun: stdout truncated ({omitted} bytes omitted, full stream not kept; "
+        "--keep-spill keeps it)"
+    ]
+
+
+def test_keep_spill_keeps_and_names_the_full_stream(workspace: Path) -> None:
+    full = "".join(f"{i}\n" for i in range(1, 1001))
+    proc = cli(
+        "run", "-w", str(workspace), "-b", "process-group", "--max-output", "100",
+        "--keep-spill", "--", "seq", "1", "1000",
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == full
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sandboxrun: stdout kept in /"), lines
+    assert Path(lines[0].removeprefix("sandboxrun: stdout kept in ")).read_text() == full
+    rc, data = run_json(workspace, "--keep-spill", "--max-output", "100", "--", "seq", "1", "1000")
+    assert rc == 0 and Path(str(data["stdout_spill"])).read_text() == full
 
 
 def test_dry_run_prints_argv_and_runs_nothing(workspace: Path) -> None:
@@ -289,3 +316,280 @@ def test_second_ctrl_c_still_prints_the_result(workspace: Path) -> None:
     assert proc.returncode == 130
     assert json.loads(out)["status"] == "cancelled"
     assert not processes_with_arg("6543.5")
+
+
+# -- issue 11: a CLI that behaves like `docker run` and GNU `timeout` --------------------------
+
+
+def test_version() -> None:
+    proc = cli("--version")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "sandboxrun 0.1.0\n", "")
+
+
+def assert_one_error_line(stderr: str, message: str) -> None:
+    """sandboxrun's one error style: one ``sandboxrun: error:`` line, at most a hint after it,
+    never typer's boxes or click's ``Usage:``/``Error:`` lines."""
+    lines = stderr.splitlines()
+    assert 1 <= len(lines) <= 2, stderr
+    assert lines[0].startswith("sandboxrun: error: "), stderr
+    assert message in lines[0], stderr
+    assert all(line.startswith("Try 'sandboxrun") for line in lines[1:]), stderr
+    assert "Usage:" not in stderr and "Error:" not in stderr and "╭" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "kind", "option"),
+    [
+        (["--bogus", "--", "true"], "no such option: --bogus", "UsageError", None),
+        (["-b", "nope", "--", "true"], "'nope' is not one of", "UsageError", "--backend"),
+        ([], "missing argument 'COMMAND", "UsageError", None),
+        (["-t", "10x", "--", "true"], "invalid --timeout '10x'", "ConfigError", "--timeout"),
+        (["--pids", "0", "--", "true"], "--pids must be at least 1", "ConfigError", "--pids"),
+        (["-w", "/nonexistent-ws", "--", "true"], "/nonexistent-ws", "WorkspaceError", None),
+        (["-e", "NOEQUALS", "--", "true"], "NAME=VALUE", "EnvError", "--env"),
+    ],
+)
+def test_json_usage_and_input_errors_are_one_json_object(
+    workspace: Path, args: list[str], message: str, kind: str, option: str | None
+) -> None:
+    where = [] if "-w" in args else ["-w", str(workspace)]
+    proc = cli("run", *where, "-b", "process-group", "--json", *args)
+    assert proc.returncode == 2
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout
+    error = json.loads(lines[0])["error"]
+    assert (error["type"], error["exit_status"], error.get("option")) == (kind, 2, option)
+    assert message in error["message"]
+    assert_one_error_line(proc.stderr, message)
+
+
+def test_json_after_the_command_is_the_commands(workspace: Path) -> None:
+    """``--json`` after COMMAND is COMMAND's argument: a usage error then prints no JSON."""
+    proc = cli("run", "-w", str(workspace), "--bogus", "--", "echo", "--json")
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
+def test_json_refusal_and_unavailable_backend_are_json_errors(workspace: Path) -> None:
+    marker = workspace / "ran"
+    proc = cli(
+        "run", "-w", str(workspace), "-b", "process-group", "--json", "--", "touch", str(marker),
+        env=NO_BWRAP,
+    )  # fmt: skip
+    assert proc.returncode == 125
+    error = json.loads(proc.stdout)["error"]
+    assert (error["type"], error["exit_status"], error["backend"]) == (
+        "PolicyRefusedError", 125, "process-group",
+    )  # fmt: skip
+    assert "network-none" in error["missing"]
+    assert_one_error_line(proc.stderr, "refusing to run")
+    assert not marker.exists()
+    proc = cli("run", "-w", str(workspace), "-b", "docker", "--json", "--", "true", env=NO_ENGINE)
+    assert proc.returncode == 125
+    error = json.loads(proc.stdout)["error"]
+    assert (error["type"], error["backend"]) == ("SandboxUnavailableError", "docker")
+    assert_one_error_line(proc.stderr, "docker")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus", "--", "true"], "no such option: --bogus"),
+        (["--cpus", "abc", "--", "true"], "invalid --cpus 'abc'"),
+        (["--network", "maybe", "--", "true"], "invalid value for '--network'"),
+        ([], "missing argument 'COMMAND"),
+        (["-t", "0", "--", "true"], "--timeout must be more than 0"),
+        (["--grace", "-1", "--", "true"], "--grace must not be negative"),
+        (["--pids", "0", "--", "true"], "--pids must be at least 1"),
+        (["--cpus", "0", "--", "true"], "--cpus must be more than 0"),
+        (["--cpus", "9999", "--", "true"], "--cpus 9999 is more than this host's"),
+        (["--memory", "100", "--", "true"], "--memory must be at least 6m"),
+        (["-t", "9999", "--", "true"], "--timeout 9999 is above the maximum of 10m"),
+    ],
+)
+def test_errors_have_one_style_and_name_the_option(
+    workspace: Path, args: list[str], message: str
+) -> None:
+    proc = cli("run", "-w", str(workspace), "-b", "process-group", *args)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert_one_error_line(proc.stderr, message)
+    assert "timeout_s" not in proc.stderr and "grace_s" not in proc.stderr
+
+
+def test_top_level_errors_have_the_same_style() -> None:
+    proc = cli("nosuchcommand")
+    assert proc.returncode == 2
+    assert_one_error_line(proc.stderr, "no such command 'nosuchcommand'")
+
+
+def test_timeout_above_the_cap_is_refused_unless_raised(workspace: Path) -> None:
+    marker = workspace / "ran"
+    proc = cli("run", "-w", str(workspace), "-b", "process-group", "-t", "9999",
+               "--", "touch", str(marker))  # fmt: skip
+    assert proc.returncode == 2
+    assert "--timeout" in proc.stderr and "--max-timeout" in proc.stderr
+    assert not marker.exists()
+    rc, data = run_json(workspace, "--max-timeout", "3h", "-t", "9999", "--", "touch", "ran")
+    assert (rc, data["status"]) == (0, "completed")
+    assert marker.exists()
+
+
+def test_durations_with_units(workspace: Path) -> None:
+    start = time.monotonic()
+    proc = cli("run", "-w", str(workspace), "-b", "process-group", "-t", "1500ms",
+               "--grace", "200ms", "--", "sleep", "30")  # fmt: skip
+    assert proc.returncode == 124
+    assert time.monotonic() - start < 15
+    assert proc.stderr.splitlines()[-1] == "sandboxrun: timed out after 1.5s"
+    rc, data = run_json(workspace, "-t", "10m", "--idle-timeout", "1m", "--", "true")
+    assert (rc, data["status"]) == (0, "completed")
+
+
+def test_run_help_documents_every_option() -> None:
+    proc = cli("run", "--help")
+    assert proc.returncode == 0
+    assert "Usage: sandboxrun run [OPTIONS] [--] COMMAND [ARGS]..." in proc.stdout
+    body = proc.stdout.split("Options:", 1)[1]
+    entries: list[list[str]] = []
+    for line in body.splitlines():
+        if line.startswith("  -"):
+            entries.append([line.strip()])
+        elif line.startswith("    ") and entries:
+            entries[-1].append(line.strip())
+    assert len(entries) >= 30
+    for entry in entries:
+        signature, _, help_text = entry[0].partition("  ")
+        text = " ".join([help_text.strip(), *entry[1:]]).strip()
+        assert text, f"{signature}: no help"
+        takes_value = len(signature.split(", ")[-1].split()) > 1  # "--timeout DURATION"
+        if takes_value:
+            assert "default" in text, f"{signature}: no default in {text!r}"
+    assert "stdin is closed" in proc.stdout  # without -i
+
+
+def containers_created_by(pid: int, since: float) -> list[str]:
+    """Containers the process ``pid`` created since ``since`` (the engine's events, filtered
+    by sandboxrun's owner label: other sessions' containers do not count)."""
+    from sandboxrun import dockerapi
+
+    client = dockerapi.connect(10)
+    try:
+        events = client.events(
+            since=int(since) - 1,
+            until=int(time.time()) + 1,
+            decode=True,
+            filters={"type": "container", "event": "create",
+                     "label": f"sandboxrun.owner_pid={pid}"},
+        )  # fmt: skip
+        return [str(event["id"]) for event in events]
+    finally:
+        client.close()
+
+
+def test_memory_below_dockers_minimum_is_refused_before_any_container(workspace: Path) -> None:
+    require_backend("docker")
+    since = time.time()
+    refused = subprocess.run(
+        [*CLI, "run", "-w", str(workspace), "-b", "docker", "--memory", "1k", "--", "true"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("sandboxrun: error: --memory must be at least 6m")
+    assert len(refused.stderr.splitlines()) == 1
+    proc = subprocess.Popen(
+        [*CLI, "run", "-w", str(workspace), "-b", "docker", "--memory", "1k", "--", "true"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.communicate(timeout=60)
+    accepted = subprocess.Popen(  # the control: a valid run's container is seen
+        [*CLI, "run", "-w", str(workspace), "-b", "docker", "--memory", "64m", "--", "true"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    accepted.communicate(timeout=60)
+    assert accepted.returncode == 0
+    assert containers_created_by(proc.pid, since) == []
+    assert len(containers_created_by(accepted.pid, since)) == 1
+
+
+def test_without_i_stdin_is_closed(workspace: Path) -> None:
+    proc = subprocess.run(
+        [*CLI, "run", "-w", str(workspace), "-b", "process-group", "--", "cat"],
+        input="hi\n", capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (0, "")
+
+
+@pytest.mark.parametrize("backend_name", ["process-group", "docker"])
+def test_interactive_streams_stdin(workspace: Path, backend_name: str) -> None:
+    """``-i`` forwards stdin as it arrives: ``head -n1`` answers and ends while our end of
+    the pipe is still open (a CLI that read stdin whole first would wait for EOF forever)."""
+    require_backend(backend_name)
+    proc = subprocess.Popen(
+        [*CLI, "run", "-w", str(workspace), "-b", backend_name, "-i", "--", "head", "-n1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"first\n")
+        proc.stdin.flush()
+        rc = proc.wait(timeout=60)  # stdin still open
+        out = proc.stdout.read()
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        proc.stdout.close()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    assert (rc, out) == (0, b"first\n")
+
+
+def test_interactive_endless_producer_and_whole_file(workspace: Path, tmp_path: Path) -> None:
+    producer = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    try:
+        proc = subprocess.run(
+            [*CLI, "run", "-w", str(workspace), "-b", "process-group", "-i", "--", "head", "-n2"],
+            stdin=producer.stdout, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        producer.kill()
+        producer.wait()
+        assert producer.stdout is not None
+        producer.stdout.close()
+    assert (proc.returncode, proc.stdout) == (0, b"y\ny\n")
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(3_000_000))
+    with data.open("rb") as source:  # a regular file: not pollable, read straight away
+        proc = subprocess.run(
+            [*CLI, "run", "-w", str(workspace), "-b", "process-group", "-i", "--",
+             "sha256sum"],
+            stdin=source, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 0
+    assert proc.stdout.split()[0].decode() == hashlib.sha256(data.read_bytes()).hexdigest()
+
+
+def test_out_of_memory_ends_with_one_line(workspace: Path) -> None:
+    require_backend("docker")
+    proc = cli("run", "-w", str(workspace), "-b", "docker", "--memory", "32m", "--grace", "0.2",
+               "--", "tail", "/dev/zero")  # fmt: skip
+    assert proc.returncode == 137
+    assert proc.stderr.splitlines() == [
+        "sandboxrun: killed: out of memory (limit 32m); a larger --memory allows more"
+    ]
+
+
+def test_ctrl_c_in_text_mode_ends_with_cancelled(workspace: Path) -> None:
+    proc = subprocess.Popen(
+        [*CLI, "run", "-w", str(workspace), "-b", "process-group", "--grace", "0.5",
+         "--shell", "--", "echo started; sleep 7654.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: bool(processes_with_arg("7654.5")), 10)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.splitlines() == ["sandboxrun: cancelled"]
+    assert not processes_with_arg("7654.5")

@@ -223,10 +223,10 @@ async def test_limits_an_engine_dropped_are_not_listed(
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--cpus", "0.0000000001", "--cpus: must be at least 0.01"),
-        ("--cpus", "0", "--cpus: must be at least 0.01"),
-        ("--cpus", "100000", "--cpus must be at most"),
-        ("--memory", "1k", "--memory must be at least 6 MiB"),
+        ("--cpus", "0.0000000001", "--cpus must be at least 0.01"),
+        ("--cpus", "0", "--cpus must be more than 0"),
+        ("--cpus", "100000", "--cpus 100000 is more than this host's"),
+        ("--memory", "1k", "--memory must be at least 6m"),
         ("--grace", "100000", "--grace"),
     ],
 )

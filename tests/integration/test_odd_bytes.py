@@ -146,7 +146,9 @@ def test_docker_refuses_non_utf8_before_running(
     assert b"UTF-8" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert b"\xff" not in proc.stderr  # shown escaped, never raw; a value is never shown
-    assert proc.stdout == b""
+    error = json.loads(proc.stdout)["error"]  # --json: one error object
+    assert error["type"] in ("ConfigError", "EnvError") and error["exit_status"] == 2
+    assert b"\xff" not in proc.stdout
     assert not (workspace / "ran").exists()
 
 
@@ -165,7 +167,7 @@ def test_docker_refuses_a_non_utf8_workspace(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert b"Traceback" not in proc.stderr
     assert b"odd-\\xff" in proc.stderr
-    assert proc.stdout == b""
+    assert json.loads(proc.stdout)["error"]["exit_status"] == 2  # --json: one error object
     assert not (ws / "ran").exists()
 
 
@@ -179,7 +181,7 @@ def test_docker_refuses_a_non_utf8_workdir(workspace: Path) -> None:
     assert proc.returncode == 2, proc.stderr  # not a fake 126 from the OCI runtime's chdir
     assert b"workdir" in proc.stderr
     assert b"odd-\\xff" in proc.stderr
-    assert proc.stdout == b""
+    assert json.loads(proc.stdout)["error"]["exit_status"] == 2  # --json: one error object
     assert not (sub / "ran").exists()
 
 

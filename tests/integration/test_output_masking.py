@@ -81,7 +81,7 @@ async def test_flood_spill_file_and_live_output_have_no_value(workspace: Path, p
             live.extend(chunk)
 
     async with Sandbox(
-        workspace, backend=pgroup, policy=DEGRADED, limits=limits, env=SECRET_ENV
+        workspace, backend=pgroup, policy=DEGRADED, limits=limits, env=SECRET_ENV, keep_spill=True
     ) as sb:
         result = await sb.exec(sh(f'yes "x$API_TOKEN" | head -n {lines}'), sink=sink)
     assert result.status == "completed"

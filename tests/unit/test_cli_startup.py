@@ -1,5 +1,5 @@
-"""Start-up stays light: ``sandboxrun --help`` and ``import sandboxrun`` load neither pydantic, anyio,
-the docker SDK nor rich (their import is most of the cost; bench/cli_startup.py measures it).
+"""Start-up stays light: ``sandboxrun --help`` and ``import sandboxrun`` load neither pydantic,
+anyio, the docker SDK nor rich (their import is most of the cost; bench/cli_startup.py measures it).
 Timing is a benchmark's job; what is loaded is checked here."""
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ else:
             main()
         except SystemExit:
             pass
-print(json.dumps(sorted({m for m in sys.modules for h in heavy if m == h or m.startswith(h + ".")})))
+loaded = {m for m in sys.modules for h in heavy if m == h or m.startswith(h + ".")}
+print(json.dumps(sorted(loaded)))
 """
 
 
@@ -55,5 +56,5 @@ def test_lazy_public_names_resolve() -> None:
     for name in sandboxrun.__all__:
         assert getattr(sandboxrun, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        _ = sandboxrun.nope  # type: ignore[attr-defined]
+        _ = sandboxrun.nope
     assert set(dir(sandboxrun)) >= set(sandboxrun.__all__)

@@ -70,14 +70,19 @@ def test_decode_wait_status() -> None:
     assert decode_wait_status(15) == (None, "SIGTERM")
 
 
-def test_timeout_clamping() -> None:
+def test_timeout_above_the_cap_is_refused_not_clamped() -> None:
     limits = Limits(max_timeout_s=600)
-    assert limits.clamp_timeout(None) == 120
-    assert limits.clamp_timeout(5) == 5
-    assert limits.clamp_timeout(10_000) == 600
+    assert limits.effective_timeout(None) == 120
+    assert limits.effective_timeout(5) == 5
+    assert limits.effective_timeout(600) == 600
+    with pytest.raises(ValueError, match="timeout=10000 is above max_timeout_s=600"):
+        limits.effective_timeout(10_000)
+    assert Limits(max_timeout_s=20_000).effective_timeout(10_000) == 10_000
     for bad in (0, -1, math.inf, math.nan):
         with pytest.raises(ValueError, match="timeout"):
-            limits.clamp_timeout(bad)
+            limits.effective_timeout(bad)
+    with pytest.raises(ValidationError, match="timeout_s=900 is above max_timeout_s=600"):
+        Limits(timeout_s=900)
 
 
 @pytest.mark.parametrize(
