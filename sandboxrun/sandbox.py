@@ -505,7 +505,11 @@ class Sandbox:
             login=self._logins.mode,
             login_shell=self._logins.shell,
         )
-        sandbox._spill, sandbox._spill_owned = self._spill, False  # results outlive it
+        sandbox.keep_spill = self.keep_spill
+        if self._spill is not None:  # this one is open: the re-run's results outlive it
+            sandbox._spill, sandbox._spill_owned = self._spill, False
+        # else (the CLI's --ask re-runs after the first sandbox closed) it has its own locked
+        # spill directory, removed at its close unless kept, like any sandbox's
         again = dataclasses.replace(request, run_id=new_run_id(), policy=policy)
         return sandbox, again
 

@@ -9,7 +9,7 @@ What is under the root (``sandboxrun.spill``):
   root is over the size cap.
 - ``.new-<id>/``: a sandbox directory being made (or left by a crash then): the age cap only.
 - ``<run id>/`` and ``<run id>.log/`` (16 hex digits; the per-run layout of older versions,
-  no lock): the age cap, and the size cap once untouched for ``LOCKLESS_GRACE_S``.
+  no lock): the age and size caps, only once untouched for ``LOCKLESS_GRACE_S``.
 - anything else (files, symlinks, directories with other names: a root given by mistake such as
   ``--spill-dir ~``) is never touched nor counted; nothing is followed.
 
@@ -247,7 +247,10 @@ def prune(
         items = _scan(root, deadline)
         if caps.max_age_s is not None:
             for item in items:
-                if not item.in_use and now - item.newest > caps.max_age_s:
+                # no lock (a directory being created, or an older version's): it may be a
+                # live run's, so never younger than LOCKLESS_GRACE_S, whatever the cap
+                floor = 0.0 if item.locked else LOCKLESS_GRACE_S
+                if not item.in_use and now - item.newest > max(caps.max_age_s, floor):
                     _check_time(deadline)
                     if _remove(item):
                         removed.append(item)

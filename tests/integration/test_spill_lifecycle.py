@@ -160,3 +160,21 @@ async def test_opening_a_sandbox_prunes_but_never_an_open_ones_files(
         other.kill()
         other.wait()
         other.stdout.close()
+
+
+async def test_rerun_after_close_spills_in_its_own_locked_dir(
+    workspace: Path, spill_root: Path
+) -> None:
+    """The CLI's --ask re-run is made after the first sandbox closed: it must not spill unlocked
+    into the root (never removed, prunable mid-run), but into a directory of its own."""
+    backend = require_backend("process-group")
+    async with Sandbox(workspace, backend=backend, limits=LIMITS) as first:
+        request = first.prepare(FLOOD)
+    widened, again = first.escalated(request, Policy(access="workspace-write"))
+    async with widened:
+        result = await widened.run_request(again)
+        assert result.stdout_spill is not None
+        assert widened.spill_dir is not None
+        assert Path(result.stdout_spill).is_relative_to(widened.spill_dir)
+        assert (widened.spill_dir / LOCK_NAME).exists()
+    assert leftovers(spill_root) == []

@@ -346,3 +346,14 @@ def test_another_users_files_are_never_touched(root: Path, tmp_path: Path) -> No
     os.chown(foreign, 65534, 65534)  # a root of another user: nothing in it is looked at
     assert prune(foreign, SpillCaps(0, 0), now=NOW).removed == ()
     assert (foreign / "fedcba9876543210").exists()
+
+
+def test_age_cap_zero_spares_a_recent_lockless_dir(root: Path) -> None:
+    """``clean --older-than 0``: a directory without a lock may be a live run's (one being
+    created, an older version's): it goes only once untouched for LOCKLESS_GRACE_S."""
+    recent = lockless(root, "0123456789abcdef", 10, NOW - 60)
+    stale = lockless(root, "fedcba9876543210", 10, NOW - 2 * HOUR)
+    closed = closed_session(root, 10, NOW - 60)
+    report = prune(root, SpillCaps(max_age_s=0.0, max_total=None), now=NOW)
+    assert set(report.removed) == {stale, closed}
+    assert recent.exists() and not stale.exists() and not closed.exists()
