@@ -124,5 +124,5 @@ def main(args: Sequence[str] | None = None) -> None:
     except typer.Abort:
         from sandboxrun.cli.report import fail
 
-        code = fail(1, "aborted").exit_code
+        code = fail(130, "interrupted").exit_code  # click's word for ^C (KeyboardInterrupt)
     sys.exit(code if isinstance(code, int) else 0)
