@@ -941,10 +941,16 @@ async def test_init_killed_by_a_leftover_of_the_exec_is_not_completed(
 
 
 def kill_and_wait(engine: docker.DockerClient, cid: str) -> None:
-    """Kill the container from outside and wait until the engine reports it stopped."""
+    """Kill the container from outside and wait until the engine reports it stopped (or, with
+    the supervisor's ``AutoRemove``, already removed it)."""
     engine.api.kill(cid)
     deadline = time.monotonic() + 10
-    while engine.api.inspect_container(cid)["State"]["Running"]:
+    while True:
+        try:
+            if not engine.api.inspect_container(cid)["State"]["Running"]:
+                return
+        except docker.errors.NotFound:
+            return
         assert time.monotonic() < deadline, "the container did not stop"
         time.sleep(0.05)
 
