@@ -335,7 +335,9 @@ def test_clean_stops_units_of_a_crashed_sandboxrun(workspace: Path, tmp_path: Pa
         [sys.executable, "-m", "sandboxrun", "ps"], capture_output=True, text=True, check=False
     )
     row = next(line for line in ps.stdout.splitlines() if leftover[0] in line)
-    assert row.endswith("owner gone"), ps.stdout
+    header = ps.stdout.splitlines()[0]
+    assert header.split() == ["ID", "NAME", "KIND", "STATUS", "OWNER", "OWNER", "ALIVE", "AGE"]
+    assert row.split()[5] == "no", ps.stdout  # OWNER ALIVE: the owner is gone
     clean = subprocess.run(
         [sys.executable, "-m", "sandboxrun", "clean"], capture_output=True, text=True, check=False
     )
