@@ -168,19 +168,7 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
             assert template is not None
             workspace = template
         try:
-            sandbox = Sandbox(
-                workspace,
-                backend=config.backend,
-                policy=config.policy(),
-                limits=config.limits(),
-                env=config.env,
-                pass_env=config.pass_env,
-                host_env=_host_env(config),
-                image=config.image,
-                user=config.user,
-                login=config.login,
-                login_shell=config.login_shell,
-            )
+            sandbox = _sandbox(config, workspace)
             await sandbox.__aenter__()
         except BaseException:
             if owned:
@@ -411,17 +399,27 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         )
 
 
+def _sandbox(config: SandboxrunConfig, workspace: Path) -> Sandbox:
+    """The (unopened) ``Sandbox`` that ``config`` describes, over ``workspace``."""
+    return Sandbox(
+        workspace,
+        backend=config.backend,
+        policy=config.policy(),
+        limits=config.limits(),
+        env=config.env,
+        pass_env=config.pass_env,
+        host_env=_host_env(config),
+        image=config.image,
+        user=config.user,
+        login=config.login,
+        login_shell=config.login_shell,
+    )
+
+
 def _probe(config: SandboxrunConfig) -> None:
     """Raise what opening a sandbox with ``config`` would (no container is created)."""
     probe_dir = Path(tempfile.mkdtemp(prefix="sandboxrun-inspect-probe-"))
     try:
-        Sandbox(
-            probe_dir,
-            backend=config.backend,
-            policy=config.policy(),
-            limits=config.limits(),
-            image=config.image,
-            user=config.user,
-        ).choose_backend()
+        _sandbox(config, probe_dir).choose_backend()
     finally:
         shutil.rmtree(probe_dir, ignore_errors=True)

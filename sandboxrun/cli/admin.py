@@ -9,12 +9,16 @@ import json
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from sandboxrun.cli import app
+from sandboxrun.cli.report import EXIT_USAGE, fail
 from sandboxrun.errors import BackendError, ConfigError, SandboxUnavailableError
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 
 def layer_rows() -> list[dict[str, object]]:
@@ -90,19 +94,27 @@ def _problem(line: str) -> None:
     sys.stderr.flush()
 
 
+def _engine(verbose: bool) -> DockerClient | None:
+    """The engine's client, or None when there is none (said only with ``-v``)."""
+    from sandboxrun import dockerapi
+
+    try:
+        return dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
+    except SandboxUnavailableError as exc:
+        if verbose:
+            _problem(f"containers: skipped ({exc.reason})")
+        return None
+
+
 def _ps_rows(verbose: bool) -> tuple[list[dict[str, object]], bool]:
     """The rows of ``ps --json``, and whether an available backend failed (said on stderr)."""
-    from sandboxrun import dockerapi, housekeeping
+    from sandboxrun import housekeeping
     from sandboxrun.backends import probe
 
     rows: list[dict[str, object]] = []
     failed = False
-    try:
-        client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
-    except SandboxUnavailableError as exc:
-        if verbose:
-            _problem(f"containers: skipped ({exc.reason})")
-    else:
+    client = _engine(verbose)
+    if client is not None:
         try:
             rows += [
                 {"kind": "container", **row.__dict__} for row in housekeeping.list_managed(client)
@@ -225,7 +237,7 @@ def clean(
     prune the spill root to its caps (the files of open sandboxes are never touched). An
     unavailable backend is skipped silently (said with -v); an available one that fails is
     said on stderr and the exit status is 1."""
-    from sandboxrun import dockerapi, housekeeping
+    from sandboxrun import housekeeping
     from sandboxrun.backends import probe
     from sandboxrun.spill import default_spill_root
 
@@ -234,8 +246,7 @@ def clean(
         sys.stdout.write(_clean_spill(spill_dir or default_spill_root(), older_than, max_total))
         sys.stdout.write("\n")
     except ConfigError as exc:
-        _problem(f"sandboxrun: {exc}")
-        raise typer.Exit(2) from None
+        raise fail(EXIT_USAGE, str(exc)) from None
     except OSError as exc:
         failed = True
         _problem(f"spill: failed ({exc})")
@@ -251,12 +262,8 @@ def clean(
             _problem(f"scopes: failed ({exc})")
     elif verbose:
         _problem(f"scopes: skipped ({systemd.reason})")
-    try:
-        client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
-    except SandboxUnavailableError as exc:
-        if verbose:
-            _problem(f"containers: skipped ({exc.reason})")
-    else:
+    client = _engine(verbose)
+    if client is not None:
         try:
             gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
             for row in gone:
