@@ -58,9 +58,35 @@ OOM_FD = -1
 """Our /proc/self/oom_score_adj, opened before we become non-dumpable (``main``)."""
 MAX_HOPS = 40
 """Symlinks ``open_beneath`` follows in one path at most (the kernel's own bound)."""
+MAX_TEXT = 2000
+"""Characters of any string the runner sends (errors, paths) at most: a longer one is cut and
+ends with ``…(N bytes)``, its whole length (``clip``)."""
+MAX_SEND = 1 << 16
+"""Bytes of one frame the runner sends at most (the host accepts 1 MiB): a reply that would be
+larger is replaced by an ``error`` about it (``send``), so no request can grow a frame."""
 ORPHANED_GRACE_S = 1.0
 """The grace of runs whose host went away (its socket closed): nothing is left within the
 bound the host promises (a few seconds), even of a TERM-ignoring command."""
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` as the runner may send it: at most ``limit`` characters, a cut one marked with
+    its whole size (``…(1200008 bytes)``)."""
+    if len(text) <= limit:
+        return text
+    size = len(text.encode("utf-8", "surrogateescape"))
+    return text[:limit] + f"\u2026({size} bytes)"
+
+
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """``(errno, message)`` of a failed request, the message clipped: an OSError's strerror
+    and (clipped) file name, anything else its text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror
+        if exc.filename is not None:
+            text += f": {clip(repr(exc.filename), 200)}"
+        return exc.errno or 0, clip(text)
+    return 0, clip(str(exc) or type(exc).__name__)
 
 
 def read_stat(pid: int) -> tuple[int, bytes, int] | None:
@@ -234,20 +260,40 @@ class Runner:
         self.closing = False
         self.last_refresh = 0.0
         self.layers: list[str] = []
+        self.fds_lost = False
+        """The kernel dropped fds sent to us (MSG_CTRUNC): the next spawn fails, and drops
+        the fds it finds (they may be a later request's)."""
 
     # -- messages ---------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
-        data = json.dumps(msg).encode()
+        data = self.encode(msg)
         try:
             self.sock.sendall(HEADER.pack(len(data)) + data)
         except OSError:
             self.closing = True
 
+    @staticmethod
+    def encode(msg: dict[str, Any]) -> bytes:
+        """``msg`` as JSON, never over ``MAX_SEND`` bytes: a larger one becomes an ``error``
+        about that request (its ``op`` and ``id``), so the host fails that request alone."""
+        data = json.dumps(msg).encode()
+        if len(data) > MAX_SEND:
+            why = f"the supervisor's {clip(str(msg.get('op')), 40)} reply was {len(data)} bytes"
+            data = json.dumps(
+                {"op": "error", "id": msg.get("id"), "about": msg.get("op"), "error": why}
+            ).encode()
+        return data
+
     def receive(self) -> None:
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 16)
+            data, fds, flags, _ = socket.recv_fds(self.sock, 1 << 16, 16)
         except OSError:
-            data, fds = b"", []
+            data, fds, flags = b"", [], 0
+        if flags & socket.MSG_CTRUNC:  # fds dropped (our fd table is full): the spawn they
+            for fd in fds:  # came with fails, and no later spawn takes another's fds
+                os.close(fd)
+            fds = []
+            self.fds_lost = True
         self.fds.extend(fds)
         if not data:
             self.begin_close(orphaned=True)
@@ -257,9 +303,14 @@ class Runner:
             (size,) = HEADER.unpack_from(self.inbuf)
             if len(self.inbuf) < HEADER.size + size:
                 break
-            msg = json.loads(self.inbuf[HEADER.size : HEADER.size + size])
+            frame = self.inbuf[HEADER.size : HEADER.size + size]
             self.inbuf = self.inbuf[HEADER.size + size :]
-            self.handle(msg)
+            try:
+                msg = json.loads(frame)
+                if isinstance(msg, dict):
+                    self.handle(msg)
+            except Exception as exc:  # a bad request never takes the runner (and its runs) down
+                sys.stderr.write(f"sandboxrun runner: a request failed: {clip(repr(exc), 200)}\n")
 
     def handle(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
@@ -294,15 +345,19 @@ class Runner:
                 why = f"it is {special(st.st_mode)}, not a regular file or a directory"
                 self.send(op="open_error", id=msg.get("id"), errno=0, error=why)
         except Exception as exc:  # a bad request must never take the runner (and its runs) down
-            code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            code, why = describe_error(exc)
+            if isinstance(exc, OSError) and exc.strerror:
+                why = clip(exc.strerror)  # the host knows the path it asked for
             self.send(op="open_error", id=msg.get("id"), errno=code, error=why)
         finally:
             if fd >= 0:
                 os.close(fd)
 
     def send_fds(self, fds: list[int], **msg: Any) -> None:
-        data = json.dumps({**msg, "fds": len(fds)}).encode()
+        data = self.encode({**msg, "fds": len(fds)})
+        if b'"fds"' not in data:  # replaced by an error: it carries no fd
+            self.send(**json.loads(data))
+            return
         frame = HEADER.pack(len(data)) + data
         try:
             sent = socket.send_fds(self.sock, [frame], fds)
@@ -318,11 +373,17 @@ class Runner:
     # -- spawning and reaping ---------------------------------------------------------------
     def spawn(self, msg: dict[str, Any]) -> None:
         stdio, self.fds = self.fds[:3], self.fds[3:]
-        env = {**os.environ, **msg["env"]} if msg.get("inherit") else msg["env"]
-        restore = self.raise_oom_score(msg.get("oom_score_adj"))
+        lost, self.fds_lost = self.fds_lost, False
+        if lost:  # whatever is queued may belong to later requests: none is trusted
+            stdio, self.fds = stdio + self.fds, []
+        restore = None
         try:
+            if lost:
+                raise OSError(errno.EMFILE, "too many open files in the supervisor")
             if len(stdio) != 3:
                 raise OSError(0, "the spawn request came without its three stdio fds")
+            env = {**os.environ, **msg["env"]} if msg.get("inherit") else msg["env"]
+            restore = self.raise_oom_score(msg.get("oom_score_adj"))
             proc = subprocess.Popen(
                 msg["argv"],
                 stdin=stdio[0],
@@ -334,8 +395,8 @@ class Runner:
                 close_fds=True,
             )
         except Exception as exc:  # a spawn problem must never take the runner (and its runs) down
-            code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
-            self.send(op="spawn_error", id=msg["id"], errno=code, error=str(exc))
+            code, why = describe_error(exc)
+            self.send(op="spawn_error", id=msg.get("id"), errno=code, error=why)
             return
         finally:
             for fd in stdio:
@@ -580,7 +641,12 @@ def main() -> None:
     # SIG_IGN, which an exec would pass on to the commands) that do nothing.
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(number, lambda *_: None)
+    # Job-control stops can be ignored too (a stopped supervisor would stop its sandbox);
+    # SIGSTOP cannot: as PID 1 of its namespace the kernel keeps it away from us, elsewhere
+    # the host sees the stop in /proc and replaces us (``RunnerClient.probe``).
     for number in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(number, lambda *_: None)
+    for number in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(number, lambda *_: None)
     global OOM_FD
     try:

@@ -202,6 +202,8 @@ class SandboxFiles:
         """An fd of ``target`` (the caller closes it): the supervisor's, or opened here (in a
         worker thread that always finishes: its fd is returned even when cancelled)."""
         try:
+            if self.supervisor is not None and self.supervisor.dead:
+                await self._revive()
             if self.supervisor is not None:
                 if target.rel is not None:
                     fd = (
@@ -214,6 +216,14 @@ class SandboxFiles:
         except OSError as exc:
             raise file_error(exc, target, doing) from None
         return fd
+
+    async def _revive(self) -> None:
+        """The supervisor was declared dead: the backend replaces it (a fresh runner or
+        container, as the next exec would get) and this call uses the new one."""
+        revive = getattr(self.backend, "revive", None)
+        if revive is not None:
+            await revive()
+            self.supervisor = self._supervisor()
 
     def _open_here(self, target: Target, flags: int, mode: int) -> int:
         """Open ``target`` from this host without a supervisor (see the module's docstring).

@@ -72,6 +72,11 @@ class Target:
     """In the workspace: relative to its root (``"."`` is the root itself); else None."""
 
 
+PATH_MAX = 4096
+"""Bytes of a path at most (Linux's ``PATH_MAX``, with its NUL): a longer one is refused before
+anything opens it."""
+
+
 def resolve(path: str | os.PathLike[str], *, root: str, home: str) -> Target:
     """Classify ``path`` (pure): relative -> workspace-relative; ``~`` -> ``home``; absolute ->
     the workspace when under ``root`` (the workspace in the sandbox's view), else outside.
@@ -82,6 +87,14 @@ def resolve(path: str | os.PathLike[str], *, root: str, home: str) -> Target:
         raise ConfigError(f"path {shown!r} must be a str (or os.PathLike[str])")
     if not shown or "\0" in shown:
         raise ConfigError(f"invalid path {shown!r}: expected a non-empty path without NUL")
+    size = len(os.fsencode(shown))
+    if size > PATH_MAX:  # refused here: never sent on, never quoted whole in an error
+        preview = f"{shown[:60]!r}\u2026"
+        raise SandboxFileError(
+            f"path {preview} is {size} bytes: longer than the {PATH_MAX} a path may have",
+            preview,
+            errno.ENAMETOOLONG,
+        )
     text = home + shown[1:] if shown == "~" or shown.startswith("~/") else shown
     if not text.startswith("/"):
         rel = posixpath.normpath(text)

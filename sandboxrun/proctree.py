@@ -7,6 +7,7 @@ descendants (a child that cleared its environment is still found through its par
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from collections.abc import Mapping
@@ -267,5 +268,20 @@ def oom_count(content: str) -> int | None:
 
 
 def alive(pid: int) -> bool:
-    proc = read_proc(pid)
-    return proc is not None and proc.state not in ("Z", "X")
+    """Whether ``pid`` lives (a zombie does not). With this process out of fds (EMFILE), the
+    kernel is asked without one: a process is never taken for dead (its sandbox recreated)
+    because we could not open its ``stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123 - hot path
+            data = f.read()
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return data[data.rfind(b")") + 2 :][:1] not in (b"Z", b"X")

@@ -6,8 +6,12 @@ messages to per-run ``Channel`` objects while callers wait (``wait_for``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import select
+import signal
 import socket
 import struct
 import subprocess
@@ -32,6 +36,16 @@ MAX_FDS = 8
 RUNNER = Path(__file__).with_name("_runner.py")
 READY_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 5.0
+"""How long a request the supervisor answers at once (``open``) may wait for its reply: that
+call then fails. A supervisor is declared dead only on evidence (``probe``, a cut frame): one
+starved of memory or CPU answers late, and its sandbox goes on."""
+PROBE_EVERY_S = 0.25
+"""While a caller waits and nothing arrives, the supervisor's process is looked at this often
+(``probe``): a stopped one (``SIGSTOP``) is declared dead at once."""
+_HEAD = re.compile(rb'\{"op": "([a-z_]{1,32})", "id": "([A-Za-z0-9_.-]{1,200})"')
+"""The start of every supervisor frame that answers a request: the frame of an oversized or
+malformed reply is still that request's (``_fail_request``)."""
 
 
 def _spawn_runner(
@@ -102,6 +116,16 @@ def valid_message(msg: object) -> bool:
     return layers is None or (isinstance(layers, list) and all(isinstance(x, str) for x in layers))
 
 
+def _proc_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``...), None when gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2 :]
+    return rest[:1].decode() if rest else None
+
+
 def _close_fds(fds: list[int]) -> None:
     for fd in fds:
         with suppress(OSError):
@@ -131,6 +155,15 @@ class RunnerClient:
         self._opens: dict[str, dict[str, Any] | None] = {}
         """``open`` requests waiting for their reply (``open_path``), by request id."""
         self._open_seq = 0
+        self._skip = 0
+        """Bytes still to discard of an oversized frame (it failed its request alone)."""
+        self._truncated = 0
+        """Receives whose fds the kernel dropped (MSG_CTRUNC: this process is out of fds);
+        the frames that named them fail their requests with EMFILE."""
+        self._watch_fd: int | None = None
+        """A pidfd of the supervisor's process (``watch``): probed while callers wait, and
+        killed through when the supervisor is declared dead."""
+        self._watch_pid = 0
 
     @property
     def pid(self) -> int | None:
@@ -169,6 +202,7 @@ class RunnerClient:
         finally:
             child.close()
         await self._await_ready(parent, "the process-group runner")
+        self.watch(self.inner_pid() or self._proc.pid)
 
     async def attach(self, sock: socket.socket, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Serve a runner that connected by itself (inside a docker sandbox): ``sock`` is our
@@ -185,6 +219,44 @@ class RunnerClient:
         if not self._ready or self._dead:
             await self.close()
             raise BackendError(f"{what} did not start: {self._dead or 'timeout'}")
+
+    def watch(self, pid: int | None) -> None:
+        """Watch the supervisor's process ``pid`` (seen from this host): while callers wait it
+        is probed (``probe``), and declaring the supervisor dead kills it."""
+        if pid is None or pid <= 0 or self._watch_fd is not None:
+            return
+        try:
+            self._watch_fd = os.pidfd_open(pid)
+        except OSError:
+            return
+        self._watch_pid = pid
+
+    def probe(self) -> None:
+        """Declare the supervisor dead when its process has exited or is stopped (state ``T``
+        or ``t`` in ``/proc``: a command sent it SIGSTOP, or it is traced): it would never
+        answer again, and every caller would wait until its deadline."""
+        fd = self._watch_fd
+        if fd is None or self._dead:
+            return
+        if select.select([fd], [], [], 0)[0]:
+            self.declare_dead("the sandbox's supervisor exited")
+            return
+        state = _proc_state(self._watch_pid)
+        if state in ("T", "t"):
+            self.declare_dead(
+                "the sandbox's supervisor was stopped (a command sent it SIGSTOP, or traced it)"
+            )
+        elif state in (None, "Z", "X"):
+            self.declare_dead("the sandbox's supervisor exited")
+
+    def declare_dead(self, reason: str) -> None:
+        """The supervisor will not answer: every waiter is released with ``reason``, and its
+        process is killed from here (with it, on a sandbox whose init it is, everything of
+        the sandbox; what survives it is found by the runs' markers)."""
+        self._lose(reason)
+        if self._watch_fd is not None:
+            with suppress(OSError):
+                signal.pidfd_send_signal(self._watch_fd, signal.SIGKILL)
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` holds, reading and routing runner messages meanwhile.
@@ -210,9 +282,15 @@ class RunnerClient:
         not a JSON object with a string ``op``, or fds beyond what frames claim end the
         connection as lost, never the host."""
         assert self._sock is not None
-        await anyio.wait_readable(self._sock)
+        readable = False
+        with anyio.move_on_after(PROBE_EVERY_S if self._watch_fd is not None else None):
+            await anyio.wait_readable(self._sock)
+            readable = True
+        if not readable:
+            self.probe()
+            return
         try:
-            data, fds, _flags, _addr = socket.recv_fds(
+            data, fds, flags, _addr = socket.recv_fds(
                 self._sock, 1 << 16, MAX_FDS, socket.MSG_CMSG_CLOEXEC
             )
         except BlockingIOError:
@@ -220,16 +298,28 @@ class RunnerClient:
         except OSError as exc:
             self._lose(f"runner connection failed: {exc}")
             return
+        if flags & socket.MSG_CTRUNC:
+            self._truncated += 1
         self._fds.extend(fds)
         if not data:
             self._lose("the runner exited unexpectedly")
             return
         self._inbuf += data
-        while len(self._inbuf) >= HEADER.size and not self._dead:
-            (size,) = HEADER.unpack_from(self._inbuf)
-            if size > MAX_FRAME:
-                self._lose(f"the runner sent a frame of {size} bytes (at most {MAX_FRAME})")
+        while not self._dead:
+            if self._skip:
+                dropped = len(self._inbuf[: self._skip])
+                self._inbuf, self._skip = self._inbuf[dropped:], self._skip - dropped
+            if self._skip or len(self._inbuf) < HEADER.size:
                 break
+            (size,) = HEADER.unpack_from(self._inbuf)
+            if size > MAX_FRAME:  # its request fails; the bytes are read and dropped
+                if len(self._inbuf) < HEADER.size + min(size, 256):
+                    break  # the head names the request: wait for it
+                head = self._inbuf[HEADER.size : HEADER.size + 256]
+                self._inbuf, self._skip = self._inbuf[HEADER.size :], size
+                if not self._fail_frame(head, f"a reply of {size} bytes (at most {MAX_FRAME})"):
+                    break
+                continue
             if len(self._inbuf) < HEADER.size + size:
                 break
             frame = self._inbuf[HEADER.size : HEADER.size + size]
@@ -239,13 +329,27 @@ class RunnerClient:
             except (ValueError, RecursionError):
                 msg = None
             if not valid_message(msg):
-                self._lose("the runner sent a malformed message")
-                break
+                if not self._fail_frame(frame[:256], "a malformed reply"):
+                    break
+                continue
             assert isinstance(msg, dict)
             wanted = msg.get("fds", 0)
-            if not isinstance(wanted, int) or not 0 <= wanted <= len(self._fds):
+            if not isinstance(wanted, int) or wanted < 0 or wanted > MAX_FDS:
                 self._lose("the runner sent a message without the fds it names")
                 break
+            if wanted > len(self._fds):  # dropped on the way (this process is out of fds)
+                _close_fds(self._fds)
+                self._fds = []
+                truncated, self._truncated = self._truncated, 0
+                code, why = (
+                    (errno.EMFILE, "too many open files in this process")
+                    if truncated
+                    else (0, "the supervisor's reply came without the descriptor it names")
+                )
+                if not self._fail_request(msg["op"], msg.get("id"), why, code):
+                    self._lose("the runner sent a message without the fds it names")
+                    break
+                continue
             msg["_fds"], self._fds = self._fds[:wanted], self._fds[wanted:]
             if msg["op"] != "opened":  # only an ``open`` reply carries an fd for the host
                 _close_fds(msg.pop("_fds"))
@@ -260,8 +364,42 @@ class RunnerClient:
             # fds travel with their frame's first byte: with no frame pending, nobody claims them
             self._lose("the runner sent fds no message claims")
 
+    def _fail_frame(self, head: bytes, what: str) -> bool:
+        """A frame that cannot be used: the request its head names fails alone (its fds, if
+        it had any, are dropped with every other unclaimed one). False when no request can be
+        named: the connection is lost (nobody could be told)."""
+        _close_fds(self._fds)
+        self._fds = []
+        found = _HEAD.match(head)
+        if found is None:
+            self._lose(f"the supervisor sent {what} that names no request")
+            return False
+        op, rid = found.group(1).decode(), found.group(2).decode()
+        self._fail_request(op, rid, f"the supervisor sent {what}")
+        return True
+
+    def _fail_request(self, op: str, rid: object, why: str, code: int = 0) -> bool:
+        """The reply to request ``rid`` cannot be used: an ``open`` waiting for it gets an
+        error, a spawn not yet answered a spawn error; any other message of a run loses that
+        run alone (it is found by its marker and killed). False when ``rid`` names nothing."""
+        if not isinstance(rid, str):
+            return False
+        if rid in self._opens and self._opens[rid] is None:
+            error = {"op": "open_error", "id": rid, "errno": code, "error": why, "_fds": []}
+            self._opens[rid] = error
+            return True
+        channel = self._channels.get(rid)
+        if channel is not None and channel.spawned is None:
+            channel.spawned = {"op": "spawn_error", "id": rid, "errno": code, "error": why}
+        elif channel is not None and op != "spawned":
+            channel.lost = True
+        return True  # a request nobody waits for (any more) needs no answer
+
     def _dispatch(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
+        if op == "error":  # the supervisor's own word that its reply would not fit
+            self._fail_request(str(msg.get("about")), msg.get("id"), str(msg.get("error")))
+            return
         if op in ("opened", "open_error"):
             self._route_open(msg)
             return
@@ -304,20 +442,25 @@ class RunnerClient:
         frame = memoryview(HEADER.pack(len(data)) + data)
         async with self._send_lock:
             first = True
-            while frame:
-                await anyio.wait_writable(self._sock)
-                try:
-                    if first and fds:
-                        sent = socket.send_fds(self._sock, [frame], fds)
-                    else:
-                        sent = self._sock.send(frame)
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    self._lose(f"runner connection failed: {exc}")
-                    raise BackendError(f"runner connection failed: {exc}") from exc
-                first = False
-                frame = frame[sent:]
+            try:
+                while frame:
+                    await anyio.wait_writable(self._sock)
+                    try:
+                        if first and fds:
+                            sent = socket.send_fds(self._sock, [frame], fds)
+                        else:
+                            sent = self._sock.send(frame)
+                    except BlockingIOError:
+                        continue
+                    except OSError as exc:
+                        self._lose(f"runner connection failed: {exc}")
+                        raise BackendError(f"runner connection failed: {exc}") from exc
+                    first = False
+                    frame = frame[sent:]
+            except BaseException:
+                if not first and frame:  # cut off mid-frame: the stream cannot be resumed
+                    self.declare_dead("a request to the sandbox's supervisor was cut off")
+                raise
 
     def open_channel(self, run_id: str) -> Channel:
         channel = Channel(run_id)
@@ -360,15 +503,19 @@ class RunnerClient:
         self._opens[rid] = None
         reply: dict[str, Any] | None = None
         try:
-            await self._send(request)
-            await self.wait_for(lambda: self._opens.get(rid) is not None)
+            with anyio.move_on_after(REQUEST_TIMEOUT_S):
+                await self._send(request)
+                await self.wait_for(lambda: self._opens.get(rid) is not None)
             reply = self._opens.get(rid)
         finally:
             late = self._opens.pop(rid, None)
             if reply is None and late is not None:
                 _close_fds(late.get("_fds", []))
-        if reply is None:
-            raise BackendError(self._dead or "the runner did not answer the open request")
+        if reply is None:  # slow (starved of memory or CPU) is not dead: this call fails
+            raise BackendError(
+                self._dead
+                or f"the sandbox's supervisor did not answer within {REQUEST_TIMEOUT_S:g} s"
+            )
         fds: list[int] = reply.get("_fds", [])
         if reply["op"] == "open_error":
             _close_fds(fds)
@@ -385,6 +532,14 @@ class RunnerClient:
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Ask the runner to finish (it terminates whatever still runs) and reap it. Bounded."""
+        try:
+            await self._close(timeout_s)
+        finally:
+            if self._watch_fd is not None:
+                os.close(self._watch_fd)
+                self._watch_fd = None
+
+    async def _close(self, timeout_s: float) -> None:
         proc = self._proc
         if proc is None:  # attached (docker): the container's removal ends the runner
             if self._sock is not None:

@@ -160,9 +160,11 @@ class DockerBackend:
             except BaseException:  # cancelled, or no ready: the caller's close removes the rest
                 conn.close()
                 raise
+            supervisor.watch(self.supervisor_pid)  # stopped or gone: seen from here at once
             self.supervisor = supervisor
 
     def _open_sync(self) -> socket.socket | None:
+        self.keep, self.init_pid, self.supervisor_pid = frozenset(), None, None  # a recycle's
         client = self.client = dockerapi.connect()
         parent = sv.parent_dir(self.workspace.root) if self.want_supervisor else None
         if parent is not None:
@@ -196,14 +198,43 @@ class DockerBackend:
             raise BackendError(f"the sandbox container did not start: {state}")
         pid = int(state.get("Pid") or 0)
         self.local = pid > 0 and os.access(f"/proc/{pid}/environ", os.R_OK)
-        if self.local:  # the init's children now are the container's own main process
+        if self.local:
             self.init_pid = pid
-            self.keep = main_processes(pid)
+            if self._rendezvous is None:  # the init's children now are the main process
+                self.keep = main_processes(pid)
             self.cgroup_procs = proctree.cgroup_procs_file(pid)
             self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
             self.oom_file = proctree.oom_file(pid)
-        return self._meet_supervisor()
+        wanted = self._rendezvous is not None
+        conn = self._meet_supervisor()
+        if conn is None and wanted and self.local:
+            # No supervisor can run here (no usable python3): a container with an init to
+            # reap the engine's execs' orphans, which the idle ``sleep`` would not.
+            self._replace_container(cid)
+        return conn
+
+    def _replace_container(self, cid: str) -> None:
+        """Remove ``cid`` and start a container of the engine's exec path in its place."""
+        assert self.client is not None
+        self.container_id = None
+        error = dockerapi.remove_container(
+            self.client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
+        )
+        if error is not None:
+            self._left_behind(cid, error)
+        self.keep = frozenset()
+        cid = self._create()
+        self._start(cid)
+        state = self.inspect_state()
+        if not state.get("Running"):
+            raise BackendError(f"the sandbox container did not start: {state}")
+        pid = int(state.get("Pid") or 0)
+        self.init_pid = pid
+        self.keep = main_processes(pid)
+        self.cgroup_procs = proctree.cgroup_procs_file(pid)
+        self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
+        self.oom_file = proctree.oom_file(pid)
 
     def _meet_supervisor(self) -> socket.socket | None:
         """Our end of the supervisor's connection, or None: the image cannot run one (a
@@ -222,23 +253,23 @@ class DockerBackend:
         def gave_up() -> bool:
             if not proctree.alive(init):
                 raise BackendError("the sandbox container stopped while its supervisor started")
-            return sv.sleeping(proctree.read_pids(procs) - {init})
+            return sv.sleeping(proctree.read_pids(procs))
 
         met = rendezvous.accept(
             start_timeout(self.limits.cpus), lambda pid: sv.descends_from(pid, init), gave_up
         )
         if met is None:
-            if not sv.sleeping(proctree.read_pids(procs) - {init}):
+            if not sv.sleeping(proctree.read_pids(procs)):
                 raise BackendError("the sandbox's supervisor did not connect")
             return None
         conn, self.supervisor_pid = met
-        chain: set[int] = set()
+        chain: set[int] = {init}
         pid = self.supervisor_pid
         while pid not in (init, 0) and len(chain) < 64:  # an entrypoint's processes above it
             chain.add(pid)
             found = proctree.read_proc(pid)
             pid = found.ppid if found is not None else 0
-        self.keep = self.keep | frozenset(chain)
+        self.keep = self.keep | frozenset(chain - {init})
         return conn
 
     def _create(self) -> str:
@@ -460,11 +491,12 @@ class DockerBackend:
                 return result  # exited 0 and everything of it gone: nothing more to ask
             if supervisor.dead or self.dying():
                 self.recycle_needed = True
+                why = supervisor.dead or "its supervisor is gone"
                 return result.model_copy(
                     update={
                         "status": "sandbox_error",
-                        "error": "the sandbox container stopped or was removed during the "
-                        f"exec ({supervisor.dead or 'its supervisor is gone'})",
+                        "error": f"the sandbox ended during the exec ({why}); the next "
+                        "command gets a fresh container",
                     }
                 )
             after = proctree.read_oom(self.oom_file) if self.oom_file else None
@@ -509,6 +541,14 @@ class DockerBackend:
                 return len(live)
             proctree.signal_all(live, signal.SIGKILL)
             time.sleep(0.01)
+
+    async def revive(self) -> None:
+        """A supervisor declared dead (it exited, was stopped, stopped answering): the
+        container is replaced now, as the next exec would (``_recycle``)."""
+        if self.supervisor is not None and self.supervisor.dead:
+            self.recycle_needed = True
+        if self.recycle_needed:
+            await self._recycle()
 
     async def _recycle(self) -> None:
         """Replace the container, once, after the execs still running in it have ended (they

@@ -152,10 +152,13 @@ def host_config(
     ``seccomp``: the seccomp profile's JSON text (``docker_seccomp.profile_json``), or None for
     the engine's default profile. ``supervisor``: ``(host directory, mount point, main
     command)`` of the in-container supervisor (``docker_supervisor``); the container is then
-    removed by the engine once its main process (the supervisor) exits."""
+    removed by the engine once its main process (the supervisor) exits, and it has no init:
+    the supervisor is PID 1 of the container (a subreaper of everything there, and out of
+    reach of every signal a command could send it: the kernel delivers none to its
+    namespace's init that it has no handler for, SIGSTOP and SIGKILL included)."""
     memory = limits.memory_bytes or DEFAULT_MEMORY
     host: dict[str, Any] = {
-        "init": True,
+        "init": supervisor is None,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges", *([f"seccomp={seccomp}"] if seccomp else [])],
         "read_only": True,

@@ -12,6 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import anyio
+
 from sandboxrun import login
 from sandboxrun.argv import join_path_prepend, wrapper_env
 from sandboxrun.backends import Probe
@@ -82,6 +84,7 @@ class ProcessGroupBackend:
         self._client = RunnerClient(self._plan)
         self._grace_s = grace_s
         self._layers: list[str] = []
+        self._revive_lock = anyio.Lock()
 
     async def open(self) -> None:
         await self._client.start()
@@ -90,6 +93,23 @@ class ProcessGroupBackend:
     async def close(self) -> None:
         # Closing terminates what still runs: give it the grace and the kill budget.
         await self._client.close(self._grace_s + KILL_BUDGET_S + ANSWER_MARGIN_S + 10.0)
+
+    async def revive(self) -> None:
+        """Replace a runner that was declared dead (it exited, was stopped, or stopped
+        answering: ``RunnerClient.declare_dead`` killed it) with a fresh one, as docker
+        replaces its container: the next call gets a working sandbox. Never half done."""
+        dead = self._client
+        if dead.dead is None:
+            return
+        async with self._revive_lock:
+            if self._client is not dead:
+                return  # another call replaced it meanwhile
+            with anyio.CancelScope(shield=True):
+                await dead.close(KILL_BUDGET_S)
+                fresh = RunnerClient(self._plan)
+                await fresh.start()
+                self._client = fresh
+                self._layers = fresh.layers_in_force()
 
     def isolation(self, request: ExecRequest) -> list[str]:
         return [*ISOLATION, *self._layers]
@@ -106,6 +126,7 @@ class ProcessGroupBackend:
     async def exec(
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:
+        await self.revive()
         facts.via = "supervisor"
         message = {
             "argv": self.command(request),

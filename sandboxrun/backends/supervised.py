@@ -214,7 +214,11 @@ async def _spawn(
     if channel.spawned is None:
         with suppress(BackendError):  # should it spawn late, it must not run unwatched
             await client.terminate(channel.run_id, 0.0)
-        raise BackendError(client.dead or "the runner did not answer the spawn request")
+        raise BackendError(
+            client.dead
+            or f"the sandbox's supervisor did not answer the spawn request within "
+            f"{SPAWN_TIMEOUT_S:g} s"
+        )
     return channel.spawned if channel.spawned["op"] == "spawn_error" else None
 
 

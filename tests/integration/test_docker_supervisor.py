@@ -1,7 +1,8 @@
 """The supervisor inside docker sandboxes (``backends/docker_supervisor.py``), attacked: its
 socket is unreachable once it is connected, a dead owner leaves nothing (no ``clean``), a
-command that kills it loses only its own sandbox, and an image without python3 still works
-through the engine's exec path."""
+command can neither kill nor stop it (it is PID 1), one that does below an entrypoint loses
+only its own sandbox, and an image without python3 still works through the engine's exec
+path."""
 
 from __future__ import annotations
 
@@ -115,25 +116,82 @@ def test_sigkill_of_the_owner_leaves_no_container_and_no_process(
     )
 
 
-async def test_a_command_that_kills_the_supervisor_loses_only_its_sandbox(
-    workspace: Path,
-) -> None:
-    killer = (
-        "for p in /proc/[0-9]*; do [ ${p#/proc/} = $$ ] && continue; "
-        "grep -q 'import runner' $p/cmdline 2>/dev/null && kill -9 ${p#/proc/}; "
-        "done; sleep 5"
-    )
+KILLER = (
+    "for p in /proc/[0-9]*; do [ ${p#/proc/} = $$ ] && continue; "
+    "grep -q 'import runner' $p/cmdline 2>/dev/null && kill -SIG ${p#/proc/} && echo hit; "
+    "done; kill -SIG 1 2>/dev/null; sleep 2; echo lived"
+)
+"""Signal every process of the container whose command line is the supervisor's, and PID 1."""
+
+
+@pytest.mark.parametrize("sig", ["KILL", "STOP"])
+async def test_a_command_cannot_kill_or_stop_the_supervisor(workspace: Path, sig: str) -> None:
+    """The supervisor is the container's PID 1: the kernel delivers no signal to it from
+    inside its namespace that it has no handler for (SIGKILL and SIGSTOP included)."""
     async with Sandbox(workspace, backend="docker", limits=Limits(grace_s=0.5)) as sb:
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
         first = backend.container_id
         with anyio.fail_after(30):
-            hit = await sb.exec(shell=killer)
+            pid1 = await sb.exec(["cat", "/proc/1/cmdline"])
+            hit = await sb.exec(shell=KILLER.replace("SIG", sig))
+            after = await sb.exec(["echo", "same"])
+        assert backend.container_id == first
+    assert "import runner" in pid1.stdout
+    assert "hit" in hit.stdout  # it found the supervisor and signalled it
+    assert hit.status == "completed" and hit.stdout.endswith("lived\n"), hit
+    assert after.status == "completed" and after.stdout == "same\n"
+
+
+@pytest.fixture(scope="module")
+def entrypoint_image(engine: docker.DockerClient) -> Iterator[str]:
+    """An image whose entrypoint runs the container's command as a child: the supervisor is
+    not PID 1 there, and a command can signal it."""
+    tag = f"sandboxrun-test/entrypoint:{uuid.uuid4().hex[:8]}"
+    dockerfile = (
+        "ARG BASE=sandboxrun/base:0.1.0\nFROM ${BASE}\n"
+        'ENTRYPOINT ["/bin/sh", "-c", "\\"$@\\"; echo done", "entry"]\n'
+    )
+    engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    yield tag
+    engine.images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize("sig", ["KILL", "STOP"])
+async def test_a_supervisor_below_an_entrypoint_killed_or_stopped_loses_only_its_sandbox(
+    workspace: Path, entrypoint_image: str, sig: str
+) -> None:
+    """Killed, or stopped (seen from the host in /proc at once, not at a deadline): the exec
+    is a ``sandbox_error`` that says so, files calls answer within 5 s, the next exec gets a
+    fresh container, and nothing of the command is left."""
+    tok = "6611.25"
+    script = KILLER.replace("SIG", sig).replace("sleep 2", f"sleep {tok}")
+    limits = Limits(grace_s=0.5)
+    async with Sandbox(workspace, backend="docker", image=entrypoint_image, limits=limits) as sb:
+        backend = sb.backend
+        assert isinstance(backend, DockerBackend)
+        first = backend.container_id
+        assert backend.supervisor_pid != backend.init_pid  # below the entrypoint's shell
+        began = time.monotonic()
+        with anyio.fail_after(30):
+            hit = await sb.exec(shell=script, timeout=20)
+        took = time.monotonic() - began
+        began = time.monotonic()
+        with anyio.fail_after(30):
+            read = await sb.read_file("hello.txt")
+        read_took = time.monotonic() - began
+        with anyio.fail_after(30):
             after = await sb.exec(["echo", "fresh"])
         assert backend.container_id != first
+    assert "hit" in hit.stdout
     assert hit.status == "sandbox_error", hit
-    assert after.status == "completed" and after.stdout == "fresh\n"
+    assert took < 5, f"the exec ended {took:.1f} s after the supervisor was {sig}ed"
+    if sig == "STOP":
+        assert hit.error is not None and "supervisor was stopped" in hit.error, hit.error
+    assert read == b"hello\n" and read_took < 5
+    assert after.status == "completed" and after.stdout == "fresh\n", after
     assert after.via == "supervisor"
+    assert wait_until(lambda: not processes_with_arg(tok), 5), "the command outlived its run"
 
 
 @pytest.fixture(scope="module")

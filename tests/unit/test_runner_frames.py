@@ -1,15 +1,21 @@
 """The host's side of the supervisor protocol treats the supervisor as untrusted (on docker it
-lives inside the sandbox): oversized, malformed or fd-smuggling frames end the connection as
-lost, never the host, and received fds are never leaked. Real sockets, no fakes."""
+lives inside the sandbox): an oversized or malformed frame fails the one request it names (the
+stream is resynchronized by its length), one that names none or smuggles fds ends the
+connection as lost, never the host, and received fds are never leaked. The supervisor's own
+side never sends a frame over its bound. Real sockets, no fakes."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
+import subprocess
 from collections.abc import Callable
 
+import anyio
+import anyio.to_thread
 import pytest
 
 from sandboxrun.errors import BackendError
@@ -47,9 +53,31 @@ async def attached(send: Callable[[socket.socket], None]) -> tuple[RunnerClient,
     return client, theirs
 
 
-async def test_an_oversized_frame_is_a_lost_supervisor() -> None:
-    client, peer = await attached(lambda s: s.sendall(HEADER.pack(MAX_FRAME + 1)))
-    assert client.dead and "frame" in client.dead
+async def test_an_oversized_frame_fails_its_request_alone() -> None:
+    """A reply over ``MAX_FRAME``: its request (named by the frame's head) fails, its bytes
+    are read and dropped, and the next frame is routed as usual."""
+    big = frame({"op": "spawn_error", "id": "r1", "errno": 2, "error": "x" * (MAX_FRAME + 10)})
+    after = frame({"op": "spawned", "id": "r2", "pid": 7})
+    ours, peer = socket.socketpair()
+    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
+    client = RunnerClient()
+    await client.attach(ours, 5)
+    one, two = client.open_channel("r1"), client.open_channel("r2")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, lambda: peer.sendall(big + after))
+        with anyio.fail_after(10):
+            await client.wait_for(lambda: two.spawned is not None)
+    assert client.dead is None
+    assert one.spawned is not None and one.spawned["op"] == "spawn_error"
+    assert "bytes" in str(one.spawned["error"]) and len(str(one.spawned["error"])) < 200
+    assert two.spawned == {"op": "spawned", "id": "r2", "pid": 7, "_fds": []}
+    peer.close()
+    await client.close()
+
+
+async def test_an_oversized_frame_that_names_no_request_is_a_lost_supervisor() -> None:
+    client, peer = await attached(lambda s: s.sendall(HEADER.pack(MAX_FRAME + 1) + b"\x00" * 300))
+    assert client.dead and "names no request" in client.dead
     with pytest.raises(BackendError):
         await client.terminate("r1", 0)
     peer.close()
@@ -66,18 +94,123 @@ async def test_an_oversized_frame_is_a_lost_supervisor() -> None:
         b'{"op": "spawned", "fds": 3}',
         b'{"op": "spawned", "id": ["r1"]}',
         b'{"op": "ready", "ns": 5}',
+    ],
+)
+async def test_a_malformed_frame_that_names_no_request_is_a_lost_supervisor(
+    payload: bytes,
+) -> None:
+    client, peer = await attached(lambda s: s.sendall(HEADER.pack(len(payload)) + payload))
+    assert client.dead
+    peer.close()
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
         b'{"op": "terminated", "id": "r1", "status": 1099511627776}',
         b'{"op": "terminated", "id": "r1", "cpu_s": NaN}',
         b'{"op": "terminated", "id": "r1", "survivors": -1}',
         b'{"op": "terminated", "id": "r1", "survivors": true}',
         b'{"op": "spawned", "id": "r1", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+        b'{"op": "spawned", "id": "r1", "pid": "five"',
     ],
 )
-async def test_a_malformed_frame_is_a_lost_supervisor(payload: bytes) -> None:
+async def test_a_malformed_frame_fails_the_request_it_names_alone(payload: bytes) -> None:
     client, peer = await attached(lambda s: s.sendall(HEADER.pack(len(payload)) + payload))
-    assert client.dead
+    assert client.dead is None
+    channel = client.open_channel("r1")  # a fresh channel: the old one's failure was routed
+    assert channel.spawned is None
+    peer.sendall(frame({"op": "spawned", "id": "r1", "pid": 5}))
+    with anyio.fail_after(5):
+        await client.wait_for(lambda: channel.spawned is not None)
+    assert channel.spawned is not None and channel.spawned["pid"] == 5  # still in step
     peer.close()
     await client.close()
+
+
+async def test_an_open_reply_without_its_fd_fails_that_open_alone() -> None:
+    ours, peer = socket.socketpair()
+    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
+    client = RunnerClient()
+    await client.attach(ours, 5)
+
+    def answer() -> None:
+        head = peer.recv(4)
+        request = json.loads(peer.recv(HEADER.unpack(head)[0]))
+        reply = {"op": "opened", "id": request["id"], "kind": "file", "size": 1, "fds": 1}
+        peer.sendall(frame(reply))  # no fd with it
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, answer)
+        with anyio.fail_after(10), pytest.raises(OSError) as caught:
+            await client.open_path("f", os.O_RDONLY)
+    assert "without the descriptor" in str(caught.value)
+    assert client.dead is None
+    peer.close()
+    await client.close()
+
+
+async def test_an_open_nobody_answers_fails_within_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A supervisor that reads requests and never answers: the call fails at its deadline,
+    and a slow supervisor is not declared dead for it."""
+    monkeypatch.setattr("sandboxrun.runner_client.REQUEST_TIMEOUT_S", 0.3)
+    ours, peer = socket.socketpair()
+    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
+    client = RunnerClient()
+    await client.attach(ours, 5)
+    with anyio.fail_after(5), pytest.raises(BackendError) as caught:
+        await client.open_path("f", os.O_RDONLY)
+    assert "did not answer" in str(caught.value)
+    assert client.dead is None
+    peer.close()
+    await client.close()
+
+
+async def test_a_stopped_supervisor_is_declared_dead_and_killed() -> None:
+    """The probe: the watched process is stopped (SIGSTOP): a waiting call is released with
+    the reason at once, and the process is killed."""
+    proc = subprocess.Popen(["sleep", "60"])
+    ours, peer = socket.socketpair()
+    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
+    client = RunnerClient()
+    await client.attach(ours, 5)
+    client.watch(proc.pid)
+    channel = client.open_channel("r1")
+    os.kill(proc.pid, signal.SIGSTOP)
+    with anyio.fail_after(5):
+        await client.wait_for(lambda: channel.lost)
+    assert client.dead is not None and "supervisor was stopped" in client.dead
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+    peer.close()
+    await client.close()
+
+
+def test_the_supervisor_clips_every_string_it_sends() -> None:
+    from sandboxrun._runner import MAX_SEND, MAX_TEXT, clip, describe_error
+
+    assert clip("short") == "short"
+    long = "\u00e9" * (MAX_TEXT + 5)
+    cut = clip(long)
+    assert cut.startswith("\u00e9" * MAX_TEXT) and cut.endswith(f"\u2026({len(long) * 2} bytes)")
+    code, text = describe_error(FileNotFoundError(2, "No such file or directory", "/x" * 600_000))
+    assert code == 2 and text.startswith("No such file or directory: ") and len(text) < 400
+    code, text = describe_error(ValueError("v" * 1_000_000))
+    assert code == 0 and len(text) < MAX_TEXT + 40
+    assert len(frame({"op": "x", "error": text})) < MAX_SEND
+
+
+def test_the_supervisor_never_builds_a_frame_over_its_bound() -> None:
+    from sandboxrun._runner import MAX_SEND, Runner
+
+    data = Runner.encode({"op": "opened", "id": "open-1", "kind": "y" * (MAX_SEND * 2)})
+    assert len(data) <= MAX_SEND
+    msg = json.loads(data)
+    assert msg["op"] == "error" and msg["id"] == "open-1" and msg["about"] == "opened"
+    small = {"op": "spawned", "id": "r1", "pid": 3}
+    assert json.loads(Runner.encode(small)) == small
 
 
 async def test_fds_are_claimed_only_as_named_and_never_leaked() -> None:
