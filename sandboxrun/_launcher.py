@@ -55,6 +55,10 @@ def json_text(text: str) -> str:
     return "".join(out)
 
 
+MAX_NAME = 2000
+"""Characters of a command's name quoted in a spawn error at most (the supervisor's bound)."""
+
+
 def frame(fd: int, fields: dict[str, str | int]) -> None:
     body = ", ".join(
         f"{json_text(k)}: {v if isinstance(v, int) else json_text(v)}" for k, v in fields.items()
@@ -271,7 +275,10 @@ def main() -> None:
         os.execvpe(argv[0], argv, env)  # noqa: S606
     except OSError as exc:
         code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
-        error = f"{os.fsdecode(argv[0])}: {os.strerror(exc.errno or 0)}"
+        name = os.fsdecode(argv[0])
+        if len(name) > MAX_NAME:  # the frame stays small: the name cut, its size said
+            name = f"{name[:MAX_NAME]}\u2026({len(argv[0])} bytes)"
+        error = f"{name}: {os.strerror(exc.errno or 0)}"
         frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
         os._exit(code)
 

@@ -462,7 +462,8 @@ class SystemdScopeBackend:
         if report is not None and report.spawn_error is not None:
             errno_value = report.spawn_error.get("errno")
             exit_code = spawn_exit_code(errno_value if isinstance(errno_value, int) else 0)
-            return "spawn_error", exit_code, str(report.spawn_error.get("error")), survivors
+            error = str(report.spawn_error.get("error"))[:4000]  # the launcher's is shorter
+            return "spawn_error", exit_code, error, survivors
         if report is None:
             why = f"systemd-run did not start the scope within {SPAWN_TIMEOUT_S:g} s"
         else:
