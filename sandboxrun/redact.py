@@ -22,16 +22,34 @@ Which values (``redactor_for``): those of the variables the caller gave explicit
 says ``mask_output=False``. Values are encoded as they are passed to the command
 (``os.fsencode``). Only the exact bytes are masked, not other spellings of them (base64,
 URL-encoded, split by the command with other output in between).
+
+Beyond the output, everything sandboxrun itself says goes through the same values (issue 17):
+``mask_model`` masks every string of a result (``Sandbox`` returns results masked: ``error``,
+``warnings``, the denial's evidence, ``argv``, ...), the CLI masks its lines and its JSON
+(``sandboxrun.cli.report``), and ``LOG_MASK``, a filter on the ``sandboxrun`` logger, masks
+every record with the values of every live ``Sandbox`` (``SecretBook``) and neutralizes its
+control characters (``sanitize.clean_text``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Mapping
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandboxrun.env import is_secret_name
-from sandboxrun.spec import ExecRequest
+from sandboxrun.sanitize import clean_text
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from sandboxrun.spec import ExecRequest
+
+    Model = TypeVar("Model", bound=BaseModel)
 
 MIN_SECRET_BYTES = 4
 """Values shorter than this are not masked."""
@@ -48,14 +66,17 @@ class Redactor:
 
     __slots__ = ("_first", "_held", "_longest", "_markers", "_pattern", "_values", "names")
 
-    def __init__(self, secrets: Mapping[str, bytes]) -> None:
+    def __init__(self, secrets: Mapping[str, bytes] | Iterable[tuple[str, bytes]]) -> None:
+        """``secrets``: name -> value, or ``(name, value)`` pairs (a name may then come with
+        several values: each is masked with that name)."""
+        pairs = secrets.items() if isinstance(secrets, Mapping) else secrets
         markers: dict[bytes, bytes] = {}
         names: list[str] = []
-        for name in sorted(secrets):
-            value = bytes(secrets[name])
-            if len(value) >= MIN_SECRET_BYTES:
-                markers.setdefault(value, marker(name))
-                names.append(name)
+        for name, raw in sorted((name, bytes(value)) for name, value in pairs):
+            if len(raw) >= MIN_SECRET_BYTES:
+                markers.setdefault(raw, marker(name))
+                if name not in names:
+                    names.append(name)
         self.names: tuple[str, ...] = tuple(names)
         """The names whose values are masked (sorted)."""
         # Longest first: at each position the alternation takes the first value that matches.
@@ -95,6 +116,27 @@ class Redactor:
             return data
         out, _ = self._mask(data, len(data))
         return out
+
+    def mask(self, data: bytes) -> bytes:
+        """``data`` masked whole, as one stream fed and flushed (what is held is untouched)."""
+        if self._pattern is None or not data:
+            return data
+        out, _ = self._mask(data, len(data))
+        return out
+
+    def mask_text(self, text: str) -> str:
+        """``text`` masked: encoded as the values are (``os.fsencode``: lone surrogates are the
+        bytes they stand for), masked, decoded the same way; ``text`` itself when unchanged."""
+        if self._pattern is None or not text:
+            return text
+        try:
+            data = os.fsencode(text)
+        except UnicodeEncodeError:  # a surrogate that stands for no byte: kept as it is
+            data = text.encode("utf-8", "surrogatepass")
+            masked = self.mask(data)
+            return text if masked == data else masked.decode("utf-8", "surrogatepass")
+        masked = self.mask(data)
+        return text if masked == data else os.fsdecode(masked)
 
     def _mask(self, data: bytes, cut: int) -> tuple[bytes, int]:
         """Mask ``data`` up to the first undecided position; return the output and that position."""
@@ -155,17 +197,31 @@ class Redactor:
         return n
 
 
+def secret_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, bytes]]:
+    """The ``(name, value)`` pairs whose names are secret-shaped, values encoded as the command
+    gets them (one that cannot be encoded is left out: it cannot reach a command either)."""
+    found = []
+    for name, value in pairs:
+        if is_secret_name(name):
+            try:
+                found.append((name, os.fsencode(value)))
+            except UnicodeEncodeError:
+                continue
+    return found
+
+
+def redactor_of(secrets: Mapping[str, bytes] | Iterable[tuple[str, bytes]]) -> Redactor | None:
+    """A redactor of ``secrets``, or None when none of them is long enough to be masked."""
+    redactor = Redactor(secrets)
+    return redactor if redactor.names else None
+
+
 def redactor_for(request: ExecRequest) -> Redactor | None:
     """The redactor of a run's output, or None when there is nothing to mask."""
     if not request.policy.mask_output:
         return None
-    secrets = {
-        name: os.fsencode(request.env[name])
-        for name in request.explicit
-        if name in request.env and is_secret_name(name)
-    }
-    redactor = Redactor(secrets)
-    return redactor if redactor.names else None
+    env = request.env
+    return redactor_of(secret_pairs((name, env[name]) for name in request.explicit if name in env))
 
 
 def mask_argv(argv: list[str], request: ExecRequest) -> list[str]:
@@ -174,9 +230,90 @@ def mask_argv(argv: list[str], request: ExecRequest) -> list[str]:
     redactor = redactor_for(request)
     if redactor is None:
         return argv
-    shown = []
-    for item in argv:
-        data = os.fsencode(item)
-        masked = redactor.feed(data) + redactor.flush()
-        shown.append(item if masked == data else os.fsdecode(masked))
-    return shown
+    return [redactor.mask_text(item) for item in argv]
+
+
+def mask_model(model: Model, redactor: Redactor | None, *, keep: tuple[type, ...] = ()) -> Model:
+    """``model`` (a result, a denial) with every string in it masked: fields, list items and
+    nested models, except models of the types in ``keep`` (``Sandbox`` keeps the ``Policy`` of
+    a denial's ``escalate_to`` exact: it is what an escalation runs under). The same object
+    when nothing changed."""
+    if redactor is None:
+        return model
+    masked = _masked(model, redactor, keep)
+    return model if masked is model else masked  # type: ignore[no-any-return]
+
+
+def _masked(value: Any, redactor: Redactor, keep: tuple[type, ...]) -> Any:
+    if isinstance(value, str):
+        return redactor.mask_text(value)
+    if isinstance(value, list | tuple):
+        items = [_masked(item, redactor, keep) for item in value]
+        if all(new is old for new, old in zip(items, value, strict=True)):
+            return value
+        return type(value)(items)
+    fields = getattr(type(value), "model_fields", None)
+    if fields is None or isinstance(value, keep):
+        return value
+    update = {}
+    for name in fields:
+        old = getattr(value, name)
+        new = _masked(old, redactor, keep)
+        if new is not old:
+            update[name] = new
+    return value.model_copy(update=update) if update else value
+
+
+class SecretBook:
+    """The secret values one owner (a ``Sandbox``) was given, for ``LOG_MASK``: it masks them
+    in log records while the owner lives (``LOG_MASK.watch``)."""
+
+    __slots__ = ("__weakref__", "pairs")
+
+    def __init__(self) -> None:
+        self.pairs: set[tuple[str, bytes]] = set()
+
+    def note(self, secrets: Iterable[tuple[str, bytes]]) -> None:
+        """Add ``secrets``, ``(name, value)`` pairs (``secret_pairs``)."""
+        self.pairs.update(secrets)
+
+
+class LogMasking(logging.Filter):
+    """The filter of the ``sandboxrun`` logger: each record's message (and traceback) masked
+    with the values of every live ``SecretBook``, its control characters neutralized
+    (``sanitize.clean_text``: a log read on a terminal must not obey a command's escapes).
+    Records are never dropped."""
+
+    def __init__(self) -> None:
+        super().__init__("sandboxrun")
+        self._books: weakref.WeakSet[SecretBook] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def watch(self, book: SecretBook) -> None:
+        with self._lock:
+            self._books.add(book)
+
+    def redactor(self) -> Redactor | None:
+        """A redactor of every value in the live books (None: no value to mask)."""
+        with self._lock:
+            pairs = {pair for book in self._books for pair in list(book.pairs)}
+        redactor = Redactor(pairs)
+        return redactor if redactor.names else None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record that cannot be formatted is the logging module's to report
+            return True
+        redactor = self.redactor()
+        shown = clean_text(redactor.mask_text(message) if redactor else message)
+        if shown != message:
+            record.msg, record.args = shown, None
+        if record.exc_info and not record.exc_text:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = clean_text(redactor.mask_text(text) if redactor else text)
+        return True
+
+
+LOG_MASK = LogMasking()
+logging.getLogger("sandboxrun").addFilter(LOG_MASK)

@@ -122,6 +122,12 @@ class Sandbox:
             pass_proxy=self._pass_proxy,
         )
         self._logins = Logins(login, login_shell, base=base, explicit=self._env)
+        self._secrets = redact.SecretBook()
+        """The secret values given to this sandbox: masked in the ``sandboxrun`` logger's
+        records while it lives (``redact.LOG_MASK``)."""
+        redact.LOG_MASK.watch(self._secrets)
+        if self.policy.mask_output:
+            self._secrets.note(redact.secret_pairs(self._env.items()))
         self._backend: backends.Backend | None = None
         self._warned: set[tuple[str, ...]] = set()
         self.image = image
@@ -361,6 +367,8 @@ class Sandbox:
             explicit=frozenset(explicit),
             login=self._logins.mode,
         )
+        if env and self.policy.mask_output:
+            self._secrets.note(redact.secret_pairs(env.items()))
         return self._with_spill_dir(request)
 
     def missing_guarantees(self, request: ExecRequest) -> list[str]:
@@ -594,12 +602,14 @@ class Sandbox:
                 else:
                     login_s, facts = time.monotonic() - started, self._facts(request, missing)
                     result, cancelled = await backend.exec(request, facts)
-                    self.last_result = result
+                    self.last_result = self._masked(result, request)
                     if cancelled is not None:
                         raise cancelled
         except anyio.get_cancelled_exc_class():
             if result is None:  # the caller's cancellation, before the command started
-                self.last_result = unstarted_result(facts, *unstarted, started)
+                self.last_result = self._masked(
+                    unstarted_result(facts, *unstarted, started), request
+                )
             raise
         finally:
             del self._inflight[scope]
@@ -616,9 +626,16 @@ class Sandbox:
             result = result.model_copy(update={"duration_s": round(result.duration_s + login_s, 6)})
         if login_warning is not None:
             result = result.model_copy(update={"warnings": [*result.warnings, login_warning]})
-        result = self._diagnose(result, request)
+        result = self._masked(self._diagnose(result, request), request)
         self.last_result = result
         return result
+
+    @staticmethod
+    def _masked(result: ExecResult, request: ExecRequest) -> ExecResult:
+        """``result`` as the caller sees it: every string masked (``error``, ``warnings``, the
+        denial's evidence and message, ``argv``, ...) with the values its output was masked
+        with; the policy a denial offers is kept exact (it is what an escalation runs)."""
+        return redact.mask_model(result, redact.redactor_for(request), keep=(Policy,))
 
     def _facts(self, request: ExecRequest, missing: list[str]) -> RunFacts:
         backend = self.backend

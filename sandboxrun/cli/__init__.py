@@ -116,7 +116,11 @@ def _command_line_error(exc: BaseException, argv: Sequence[str]) -> int:
 
 def main(args: Sequence[str] | None = None) -> None:
     """The ``sandboxrun`` console script (``args``: the words after the program name)."""
+    from sandboxrun.cli.options import assignments_in
+    from sandboxrun.cli.report import use_secrets
+
     argv = list(sys.argv[1:] if args is None else args)
+    use_secrets(assignments_in(argv))  # until `run` knows its -e values: click's errors too
     try:
         code = app(args=argv, prog_name="sandboxrun", standalone_mode=False)
     except _click_errors() as exc:

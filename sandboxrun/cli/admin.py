@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sandboxrun.cli import app
-from sandboxrun.cli.report import EXIT_USAGE, fail
+from sandboxrun.cli.report import EXIT_USAGE, fail, say
 from sandboxrun.errors import BackendError, ConfigError, SandboxUnavailableError
 
 if TYPE_CHECKING:
@@ -90,8 +90,7 @@ VERBOSE = typer.Option(
 
 
 def _problem(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    say(line)  # an engine's error text, neutralized like every line sandboxrun writes
 
 
 def _engine(verbose: bool) -> DockerClient | None:

@@ -2,8 +2,9 @@
 every message names the option as the user typed it (``--memory must be at least 6m``), never
 a field of ``Limits``.
 
-Also: whether a command line asked for ``--json`` (``json_requested``), for errors that happen
-before the command's own code runs (an unknown option, a bad value, a missing COMMAND).
+Also, for errors that happen before the command's own code runs (an unknown option, a bad
+value, a missing COMMAND): whether a command line asked for ``--json`` (``json_requested``),
+and the ``-e`` values its messages must mask (``assignments_in``).
 """
 
 from __future__ import annotations
@@ -161,6 +162,28 @@ def json_requested(args: Sequence[str], value_options: Collection[str]) -> bool:
                     next(words, None)
                 break
     return False
+
+
+def assignments_in(args: Sequence[str]) -> list[tuple[str, str]]:
+    """Every ``NAME=VALUE`` a command line may be giving with ``-e``/``--env``, before it is
+    parsed: each word, and what follows ``--env=``, ``-e`` or an ``e`` in a cluster of short
+    options (``-ie``, ``-eNAME=V``), that has an ``=``; none when ``--no-mask`` comes before
+    ``--``. More than ``-e`` gave (the command's own words too): they only decide what error
+    text masks, and of them only secret-shaped names count (``redact.secret_pairs``)."""
+    words = list(args)
+    options = words[: words.index("--")] if "--" in words else words
+    if "--no-mask" in options:
+        return []
+    found: list[tuple[str, str]] = []
+    for word in words:
+        candidates = [word, word.removeprefix("--env=")]
+        if word.startswith("-") and not word.startswith("--"):
+            candidates += [word[at + 1 :] for at in range(1, len(word)) if word[at] == "e"]
+        for text in candidates:
+            name, sep, value = text.partition("=")
+            if sep and name and (name, value) not in found:
+                found.append((name, value))
+    return found
 
 
 _OPTION = re.compile(r"^(?:invalid )?(--[a-z][a-z-]*)\b")

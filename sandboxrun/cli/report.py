@@ -1,5 +1,11 @@
 """What the CLI prints: exit statuses, the final line of a run, error lines and the ``--json``
-error object, stdout/stderr writers. Pure formatting, no engine."""
+error object, stdout/stderr writers. Pure formatting, no engine.
+
+Every byte the CLI writes itself goes through one of the writers here, which apply the one
+masking and sanitizing pass (issue 17): ``say`` (every stderr line: masked, control characters
+neutralized, to a terminal or not), ``json_line`` (``--json``: every string masked, DEL and C1
+escaped), ``show_argv`` (``--dry-run``). The values masked are those of ``use_secrets``: the
+secret-shaped ``-e`` variables of the command line (none with ``--no-mask``)."""
 
 from __future__ import annotations
 
@@ -7,11 +13,14 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import typer
 
+from sandboxrun.redact import Redactor, redactor_of, secret_pairs
+from sandboxrun.sanitize import clean_text, escape_json_controls
 from sandboxrun.units import format_duration, format_size
 
 if TYPE_CHECKING:
@@ -42,6 +51,65 @@ def exit_status(result: ExecResult) -> int:
     return result.exit_code if result.exit_code is not None else EXIT_SANDBOX
 
 
+_masking: list[Redactor | None] = [None]
+"""What ``mask`` masks with (set by ``use_secrets``; one run per process)."""
+
+
+def use_secrets(env: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> None:
+    """Mask the values of ``env``'s secret-shaped variables (a mapping or ``(name, value)``
+    pairs) in everything written from now on; None or empty: nothing (``--no-mask``)."""
+    pairs = env.items() if isinstance(env, Mapping) else env or ()
+    _masking[0] = redactor_of(secret_pairs(pairs))
+
+
+def mask(text: str) -> str:
+    """``text`` with the secret values replaced by ``[masked:NAME]``."""
+    redactor = _masking[0]
+    return text if redactor is None else redactor.mask_text(text)
+
+
+def shown_line(line: str) -> str:
+    """A line as sandboxrun writes it: masked, its control characters neutralized."""
+    return clean_text(mask(line))
+
+
+def json_line(data: object) -> str:
+    """One compact JSON line of ``data`` (a result's ``model_dump``, an error object) with every
+    string masked, bytes that are not UTF-8 as ``\\udcNN`` escapes (``ExecResult.to_json``) and
+    DEL and C1 escaped: valid UTF-8, and inert on a terminal."""
+    redactor = _masking[0]
+    if redactor is not None:
+        data = _mask_data(data, redactor)
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return escape_json_controls(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+
+def _mask_data(data: object, redactor: Redactor) -> object:
+    if isinstance(data, str):
+        return redactor.mask_text(data)
+    if isinstance(data, list | tuple):
+        return [_mask_data(item, redactor) for item in data]
+    if isinstance(data, dict):
+        return {_mask_data(k, redactor): _mask_data(v, redactor) for k, v in data.items()}
+    return data
+
+
+def result_json(result: ExecResult) -> str:
+    """``--json``'s result line: ``ExecResult.to_json``'s object through ``json_line`` (every
+    string masked, the policies' too: here they are only shown)."""
+    return json_line(result.model_dump(mode="json"))
+
+
+def show_argv(text: str, *, terminal: bool) -> bytes:
+    """``--dry-run``'s line (``text``: the quoted argv) masked; to a ``terminal`` its control
+    characters are neutralized too (and bytes that are not UTF-8 shown as ``\\udcNN``), else
+    it is the exact bytes."""
+    masked = mask(text)
+    if terminal:
+        return (clean_text(masked) + "\n").encode("utf-8", "backslashreplace")
+    return os.fsencode(masked + "\n")
+
+
 def write_out(text: str | bytes) -> None:
     """Write to stdout as bytes, whatever the locale: lone surrogates of a ``str`` (bytes of an
     argv or a path that are not UTF-8) go out as the original bytes."""
@@ -50,11 +118,12 @@ def write_out(text: str | bytes) -> None:
     sys.stdout.flush()
 
 
-def say(line: str) -> None:
-    """One line to stderr; a reader that closed it must not turn the run's exit status into a
-    traceback (nor the interpreter's final flush into exit 120)."""
+def say(line: str, *, end: str = "\n") -> None:
+    """One line to stderr, as ``shown_line`` (masked, control characters neutralized); a reader
+    that closed it must not turn the run's exit status into a traceback (nor the interpreter's
+    final flush into exit 120)."""
     try:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(shown_line(line) + end)
         sys.stderr.flush()
     except (BrokenPipeError, OSError):
         with suppress(OSError):
@@ -69,8 +138,7 @@ def error_json(kind: str, message: str, status: int, **extra: object) -> str:
     ``extra`` entries that are None are left out."""
     known = {name: value for name, value in extra.items() if value is not None}
     body = {"type": kind, "message": message, "exit_status": status, **known}
-    text = json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"))
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return json_line({"error": body})
 
 
 def fail(

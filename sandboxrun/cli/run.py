@@ -23,8 +23,11 @@ from sandboxrun.cli.report import (
     denial_line,
     exit_status,
     fail,
+    result_json,
     say,
+    show_argv,
     summary,
+    use_secrets,
     write_out,
 )
 from sandboxrun.env import parse_env_assignment
@@ -76,8 +79,7 @@ def ask_to_escalate(current: Policy, wider: Policy) -> bool:
         say(f"sandboxrun: --ask: no terminal to ask on, not re-running (re-run with {change})")
         return False
     try:
-        sys.stderr.write(f"sandboxrun: re-run with {change}? [y/N] ")
-        sys.stderr.flush()
+        say(f"sandboxrun: re-run with {change}? [y/N] ", end="")
         answer = sys.stdin.readline()
     except (OSError, ValueError, AttributeError):  # stdin closed or gone
         return False
@@ -155,7 +157,7 @@ def _error_exit(exc: BaseException, json_out: bool) -> typer.Exit:
     if os.environ.get("SANDBOXRUN_DEBUG"):
         import traceback
 
-        traceback.print_exception(exc)
+        say("".join(traceback.format_exception(exc)).rstrip("\n"))  # masked like any line
         message += ")"
     else:
         message += "; SANDBOXRUN_DEBUG=1 shows the traceback)"
@@ -442,6 +444,8 @@ def run(
         from sandboxrun.sandbox import Sandbox
         from sandboxrun.terminal import LiveWriter
 
+        explicit = dict(parse_env_assignment(item) for item in env or [])
+        use_secrets(None if no_mask else explicit)  # everything said from now on is masked
         if shell and len(command) != 1:
             raise InputError("--shell takes exactly one COMMAND string (quote the script)")
         checked = check_run_limits(
@@ -471,7 +475,7 @@ def run(
                 mask_output=not no_mask,
             ),
             limits=limits,
-            env=dict(parse_env_assignment(item) for item in env or []),
+            env=explicit,
             pass_env=pass_env or [],
             pass_proxy=pass_proxy,
             path_prepend=path_prepend or [],
@@ -490,7 +494,7 @@ def run(
         if dry_run:
             chosen, _ = sb.choose_backend()
             chosen.check_request(request)
-            write_out(quote_argv(chosen.describe(request)) + "\n")
+            write_out(show_argv(quote_argv(chosen.describe(request)), terminal=_is_tty(1)))
             raise typer.Exit(0)
         try:
             outcome = anyio.run(_execute, sb, request, interactive)
@@ -535,7 +539,7 @@ def run(
         )
     if json_out:
         shown = result if keep_spill else result.model_copy(update=REMOVED_SPILL)
-        write_out((shown.to_json() + "\n").encode())  # valid UTF-8 whatever the locale
+        write_out((result_json(shown) + "\n").encode())  # valid UTF-8 whatever the locale
     else:
         for warning in result.warnings:
             say(f"sandboxrun: warning: {warning}")
