@@ -37,6 +37,7 @@ import ctypes
 import errno
 import json
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -83,10 +84,37 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
     and (clipped) file name, anything else its text."""
     if isinstance(exc, OSError) and exc.strerror:
         text = exc.strerror
-        if exc.filename is not None:
-            text += f": {clip(repr(exc.filename), 200)}"
+        if exc.filename is not None:  # as given (the host masks secret values in it)
+            name = exc.filename
+            text += f": {clip(os.fsdecode(name) if isinstance(name, bytes) else str(name), 200)}"
         return exc.errno or 0, clip(text)
     return 0, clip(str(exc) or type(exc).__name__)
+
+
+WATCHED_LIMITS = tuple(
+    getattr(resource, name)
+    for name in (
+        "RLIMIT_NOFILE",
+        "RLIMIT_NPROC",
+        "RLIMIT_CPU",
+        "RLIMIT_AS",
+        "RLIMIT_DATA",
+        "RLIMIT_STACK",
+        "RLIMIT_FSIZE",
+        "RLIMIT_MEMLOCK",
+        "RLIMIT_SIGPENDING",
+        "RLIMIT_RTTIME",
+    )
+    if hasattr(resource, name)
+)
+"""The runner's own limits a command of its uid could lower with ``prlimit`` (or raise, for a
+soft one) to starve it: checked before every request (``Runner.tampered``)."""
+
+
+def own_state() -> tuple[tuple[tuple[int, int], ...], int, int]:
+    """The runner's limits (``WATCHED_LIMITS``), nice value and scheduling policy."""
+    limits = tuple(resource.getrlimit(which) for which in WATCHED_LIMITS)
+    return limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
 
 
 def read_stat(pid: int) -> tuple[int, bytes, int] | None:
@@ -263,6 +291,8 @@ class Runner:
         self.fds_lost = False
         """The kernel dropped fds sent to us (MSG_CTRUNC): the next spawn fails, and drops
         the fds it finds (they may be a later request's)."""
+        self.state = own_state()
+        """Our limits, nice value and scheduling policy as we serve (``tampered``)."""
 
     # -- messages ---------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
@@ -299,6 +329,8 @@ class Runner:
             self.begin_close(orphaned=True)
             return
         self.inbuf += data
+        if self.tampered():
+            return
         while len(self.inbuf) >= HEADER.size:
             (size,) = HEADER.unpack_from(self.inbuf)
             if len(self.inbuf) < HEADER.size + size:
@@ -311,6 +343,34 @@ class Runner:
                     self.handle(msg)
             except Exception as exc:  # a bad request never takes the runner (and its runs) down
                 sys.stderr.write(f"sandboxrun runner: a request failed: {clip(repr(exc), 200)}\n")
+
+    def tampered(self) -> bool:
+        """Whether a command changed our limits or priority (``prlimit``, ``setpriority``,
+        ``sched_setscheduler``: the same uid may, PID 1 or not; a lowered hard limit or a
+        higher nice value cannot be undone without privilege, and would starve every run).
+        Then we tell the host, kill every run and exit: the host gives the next call a fresh
+        sandbox (it also looks for this itself, before each call: ``RunnerClient.probe``)."""
+        now = own_state()
+        if now == self.state:
+            return False
+        was = self.state[0]
+        changed = [str(w) for i, w in enumerate(WATCHED_LIMITS) if now[0][i] != was[i]]
+        if changed:
+            why = f"a command changed the supervisor's limits (resources {', '.join(changed)})"
+        else:
+            why = "a command changed the supervisor's nice value or scheduling policy"
+        self.send(op="fatal", error=f"{why}: the sandbox ends")
+        for run in list(self.runs.values()):
+            try:
+                os.killpg(run.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            for pid in run.members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        os._exit(3)  # as PID 1, our exit also kills whatever else lives in the namespace
 
     def handle(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
@@ -593,6 +653,7 @@ class Runner:
         sel = selectors.DefaultSelector()
         sel.register(self.sock, selectors.EVENT_READ)
         sel.register(wake_r, selectors.EVENT_READ)
+        self.state = own_state()  # after confining ourselves: what no command may change
         self.send(op="ready", pid=self.me, layers=self.layers, ns=namespaces())
         listening = True
         while not (self.closing and not self.runs):

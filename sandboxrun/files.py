@@ -202,8 +202,10 @@ class SandboxFiles:
         """An fd of ``target`` (the caller closes it): the supervisor's, or opened here (in a
         worker thread that always finishes: its fd is returned even when cancelled)."""
         try:
-            if self.supervisor is not None and self.supervisor.dead:
-                await self._revive()
+            if self.supervisor is not None:
+                self.supervisor.probe(deep=True)  # stopped while nobody waited: replaced first
+                if self.supervisor.dead:
+                    await self._revive()
             if self.supervisor is not None:
                 if target.rel is not None:
                     fd = (

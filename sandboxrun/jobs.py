@@ -20,7 +20,8 @@ from typing import Any, Literal
 import anyio
 
 from sandboxrun.joblog import MAX_LINES_BYTES, JobChunk, JobLines, JobLog, StreamName
-from sandboxrun.models import BackendName, ExecResult, Status
+from sandboxrun.models import BackendName, ExecResult, Policy, Status
+from sandboxrun.redact import mask_model, redactor_for
 from sandboxrun.spec import ExecRequest, Sink, StdinStream
 from sandboxrun.spill import SpillDir, default_spill_root
 
@@ -221,7 +222,8 @@ class Job:
         if self.warnings or any(log.error for log in self.logs.values()):
             notes = [*self.warnings, *(log.error for log in self.logs.values() if log.error)]
             result = result.model_copy(update={"warnings": [*result.warnings, *notes]})
-        self.result = result
+        # masked as every result is (a job that never ran too: its argv, its error text)
+        self.result = mask_model(result, redactor_for(self._request), keep=(Policy,))
         self.ended_at = time.time()
         for log in self.logs.values():
             log.end()  # no descriptor is held from now on

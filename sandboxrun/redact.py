@@ -61,6 +61,11 @@ def marker(name: str) -> bytes:
     return f"[masked:{name}]".encode("utf-8", "backslashreplace")
 
 
+_CUT_MARK = "\u2026(".encode()
+_CUT = re.compile(re.escape(_CUT_MARK) + rb"\d+ bytes\)")
+"""How sandboxrun marks a string it cut (``_runner.clip``): ``…(1200008 bytes)``."""
+
+
 class Redactor:
     """Streaming masker of ``secrets`` (name -> value) in one byte stream (module docstring)."""
 
@@ -118,11 +123,29 @@ class Redactor:
         return out
 
     def mask(self, data: bytes) -> bytes:
-        """``data`` masked whole, as one stream fed and flushed (what is held is untouched)."""
+        """``data`` masked whole, as one stream fed and flushed (what is held is untouched).
+        A string cut by sandboxrun (``…(N bytes)``, the supervisor's bound) may end inside a
+        value: the start of a value just before the cut is masked too."""
         if self._pattern is None or not data:
             return data
         out, _ = self._mask(data, len(data))
-        return out
+        if _CUT_MARK not in out:
+            return out
+        pieces, last = [], 0
+        for cut in _CUT.finditer(out):
+            pieces += [self._tail_masked(out[last : cut.start()]), cut.group()]
+            last = cut.end()
+        return b"".join([*pieces, out[last:]])
+
+    def _tail_masked(self, head: bytes) -> bytes:
+        """``head`` with its longest end that begins some value (cut off there) masked."""
+        best, value = 0, b""
+        for candidate in self._values:
+            for size in range(min(len(candidate) - 1, len(head)), best, -1):
+                if head.endswith(candidate[:size]):
+                    best, value = size, candidate
+                    break
+        return head[: len(head) - best] + self._markers[value] if best else head
 
     def mask_text(self, text: str) -> str:
         """``text`` masked: encoded as the values are (``os.fsencode``: lone surrogates are the

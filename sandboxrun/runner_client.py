@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ MAX_FDS = 8
 RUNNER = Path(__file__).with_name("_runner.py")
 READY_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 30.0
+SEND_TIMEOUT_S = 10.0
+"""How long sending one request may wait for the supervisor to read it (a large spawn)."""
 REQUEST_TIMEOUT_S = 5.0
 """How long a request the supervisor answers at once (``open``) may wait for its reply: that
 call then fails. A supervisor is declared dead only on evidence (``probe``, a cut frame): one
@@ -117,13 +120,28 @@ def valid_message(msg: object) -> bool:
 
 
 def _proc_state(pid: int) -> str | None:
-    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``...), None when gone."""
+    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``...), None when gone, ``?``
+    when it cannot be read now (this process out of fds: never taken for "gone")."""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
+    except OSError as exc:
+        return "?" if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM) else None
     rest = data[data.rfind(b")") + 2 :]
     return rest[:1].decode() if rest else None
+
+
+def _own_state(pid: int) -> tuple[bytes, bytes] | None:
+    """``/proc/<pid>/limits`` and the nice value and policy fields of its ``stat`` (anyone may
+    read both, also of a non-dumpable process), or None when they cannot be read now."""
+    try:
+        limits = Path(f"/proc/{pid}/limits").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if len(fields) < 39:
+        return None
+    return limits, fields[16] + b" " + fields[38]
 
 
 def _close_fds(fds: list[int]) -> None:
@@ -164,6 +182,8 @@ class RunnerClient:
         """A pidfd of the supervisor's process (``watch``): probed while callers wait, and
         killed through when the supervisor is declared dead."""
         self._watch_pid = 0
+        self._watch_state: tuple[bytes, bytes] | None = None
+        """The watched process's limits and scheduling as it started serving (``probe``)."""
 
     @property
     def pid(self) -> int | None:
@@ -230,11 +250,14 @@ class RunnerClient:
         except OSError:
             return
         self._watch_pid = pid
+        self._watch_state = _own_state(pid)
 
-    def probe(self) -> None:
+    def probe(self, deep: bool = False) -> None:
         """Declare the supervisor dead when its process has exited or is stopped (state ``T``
         or ``t`` in ``/proc``: a command sent it SIGSTOP, or it is traced): it would never
-        answer again, and every caller would wait until its deadline."""
+        answer again, and every caller would wait until its deadline. ``deep`` (before a call
+        uses it): also when a command changed its limits, nice value or scheduling policy
+        (``/proc/<pid>/limits`` and ``stat``, as it started serving)."""
         fd = self._watch_fd
         if fd is None or self._dead:
             return
@@ -248,6 +271,13 @@ class RunnerClient:
             )
         elif state in (None, "Z", "X"):
             self.declare_dead("the sandbox's supervisor exited")
+        elif deep and self._watch_state is not None:
+            now = _own_state(self._watch_pid)
+            if now is not None and now != self._watch_state:
+                self.declare_dead(
+                    "a command changed the sandbox's supervisor's limits or priority "
+                    "(prlimit, setpriority): it would starve every run"
+                )
 
     def declare_dead(self, reason: str) -> None:
         """The supervisor will not answer: every waiter is released with ``reason``, and its
@@ -408,6 +438,9 @@ class RunnerClient:
             self.layers = list(msg.get("layers") or [])
             self.namespaces = dict(msg.get("ns") or {})
             return
+        if op == "fatal":  # it ends itself (a command changed its limits or priority)
+            self.declare_dead(f"the sandbox's supervisor ended: {msg.get('error')}")
+            return
         if op == "confine_error":
             self._lose(f"the runner could not confine itself: {msg.get('error')}")
             return
@@ -440,11 +473,17 @@ class RunnerClient:
             raise BackendError(self._dead or "runner not started")
         data = json.dumps(msg).encode()
         frame = memoryview(HEADER.pack(len(data)) + data)
+        deadline = time.monotonic() + SEND_TIMEOUT_S
         async with self._send_lock:
             first = True
             try:
                 while frame:
-                    await anyio.wait_writable(self._sock)
+                    if not await self._writable(deadline):
+                        raise BackendError(
+                            self._dead
+                            or "the sandbox's supervisor did not take a request within "
+                            f"{SEND_TIMEOUT_S:g} s"
+                        )
                     try:
                         if first and fds:
                             sent = socket.send_fds(self._sock, [frame], fds)
@@ -461,6 +500,21 @@ class RunnerClient:
                 if not first and frame:  # cut off mid-frame: the stream cannot be resumed
                     self.declare_dead("a request to the sandbox's supervisor was cut off")
                 raise
+
+    async def _writable(self, deadline: float) -> bool:
+        """Wait until the socket takes more bytes; while it does not (a supervisor that does not
+        read: stopped, or slow), probe it. False when it was declared dead or ``deadline``
+        passed."""
+        assert self._sock is not None
+        while not self._dead:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with anyio.move_on_after(min(left, PROBE_EVERY_S)):
+                await anyio.wait_writable(self._sock)
+                return True
+            self.probe()
+        return False
 
     def open_channel(self, run_id: str) -> Channel:
         channel = Channel(run_id)

@@ -86,6 +86,15 @@ def main_processes(init_pid: int, wait_s: float = 10.0) -> frozenset[int]:
     return frozenset()  # the init is gone: the container is dying (seen by the first exec)
 
 
+def engine_visible(pid: int, cid: str) -> bool:
+    """Whether the container's PID 1 (the engine's ``pid``) is a process of this host: its
+    cgroup names the container (readable by anyone, also when PID 1 is the non-dumpable
+    supervisor, whose ``environ`` only root may read), else its ``environ`` can be read."""
+    if any(cid in path for _, path in proctree.cgroup_lines(pid)):
+        return True
+    return os.access(f"/proc/{pid}/environ", os.R_OK)
+
+
 def engine_socket() -> str | None:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     return host.removeprefix("unix://") if host.startswith("unix://") else None
@@ -197,7 +206,7 @@ class DockerBackend:
         if not state.get("Running"):
             raise BackendError(f"the sandbox container did not start: {state}")
         pid = int(state.get("Pid") or 0)
-        self.local = pid > 0 and os.access(f"/proc/{pid}/environ", os.R_OK)
+        self.local = pid > 0 and engine_visible(pid, cid)
         if self.local:
             self.init_pid = pid
             if self._rendezvous is None:  # the init's children now are the main process
@@ -424,6 +433,9 @@ class DockerBackend:
     async def exec(
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:
+        if self.supervisor is not None:  # stopped while nobody waited: replaced before this
+            self.supervisor.probe(deep=True)
+            self.recycle_needed = self.recycle_needed or self.supervisor.dead is not None
         if self.recycle_needed or self._recycle_lock.locked():  # start afresh (or wait for it)
             await self._recycle()
         if self.client is None or self.container_id is None:
@@ -545,8 +557,10 @@ class DockerBackend:
     async def revive(self) -> None:
         """A supervisor declared dead (it exited, was stopped, stopped answering): the
         container is replaced now, as the next exec would (``_recycle``)."""
-        if self.supervisor is not None and self.supervisor.dead:
-            self.recycle_needed = True
+        if self.supervisor is not None:
+            self.supervisor.probe(deep=True)
+            if self.supervisor.dead:
+                self.recycle_needed = True
         if self.recycle_needed:
             await self._recycle()
 

@@ -1,7 +1,8 @@
 """The supervisor inside a docker sandbox: how it gets there and how the host meets it.
 
 The container's main process is the sandbox's supervisor (``sandboxrun/_runner.py``, stdlib
-only), started by the container's init from a private host directory bind-mounted read-only at
+only), the container's PID 1 (out of reach of its commands' signals; or below an image's
+entrypoint), started from a private host directory bind-mounted read-only at
 ``MOUNT``: no image change is needed, only a ``python3`` (3.9+) in the image. It connects to the
 host's unix socket in that directory (a path socket works across ``--network none``); the host
 accepts one connection, checks that its peer is the container's main process, and unlinks the

@@ -99,6 +99,7 @@ class ProcessGroupBackend:
         answering: ``RunnerClient.declare_dead`` killed it) with a fresh one, as docker
         replaces its container: the next call gets a working sandbox. Never half done."""
         dead = self._client
+        dead.probe(deep=True)  # stopped while nobody waited: seen now, before this call uses it
         if dead.dead is None:
             return
         async with self._revive_lock:

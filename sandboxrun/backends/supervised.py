@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 import psutil
 
+from sandboxrun._runner import clip
 from sandboxrun.capture import StreamCapture
 from sandboxrun.errors import BackendError
 from sandboxrun.models import ExecResult
@@ -238,7 +239,7 @@ def spawn_error_result(
         stdout=out,
         stderr=err,
         duration_s=time.monotonic() - started,
-        error=str(error)[:1000] if error is not None else "the command could not be started",
+        error=clip(str(error)) if error is not None else "the command could not be started",
     )
 
 

@@ -38,6 +38,7 @@ from sandboxrun.models import (
 )
 from sandboxrun.pipes import FdPump, output_pipe
 from sandboxrun.process import (
+    KILL_BUDGET_S,
     RunFacts,
     Termination,
     build_result,
@@ -198,6 +199,7 @@ class SystemdScopeBackend:
         self._owner = owner()
         self.watchdog: subprocess.Popen[bytes] | None = None
         self._watch_failed = False
+        self._revive_lock = anyio.Lock()
 
     async def open(self) -> None:
         found = tools()
@@ -241,6 +243,27 @@ class SystemdScopeBackend:
                 self._ns_extra = [k for k in extra if ns_differs(inner, k, holder.namespaces)]
         else:  # Landlock and seccomp only: each launcher applies them (probed, not verified)
             self._layers = list(plan.support.layers(plan.policy))
+
+    async def revive(self) -> None:
+        """Replace a namespace holder that is gone or was declared dead (it ended itself: a
+        command changed its limits; killed by the kernel) with a fresh one: the next run joins
+        new namespaces (what lived in the old ones died with their PID 1)."""
+        holder = self._holder
+        if holder is None:
+            return
+        holder.probe(deep=True)
+        if holder.dead is None:
+            return
+        async with self._revive_lock:
+            if self._holder is not holder:
+                return  # another call replaced it meanwhile
+            with anyio.CancelScope(shield=True):
+                if self._holder_pidfd is not None:
+                    os.close(self._holder_pidfd)
+                    self._holder_pidfd = None
+                self._holder, self._layers = None, []
+                await holder.close(KILL_BUDGET_S)
+                await self._open_holder()
 
     def plan_fds(self) -> tuple[int, ...]:
         """The launcher's plan memfd (``_launcher.py`` PLAN_FD) and, under namespaces, a pidfd
@@ -341,6 +364,7 @@ class SystemdScopeBackend:
         if self._tools is None:
             await self.open()
         assert self._tools is not None
+        await self.revive()
         facts.via = "scope"
         started = time.monotonic()
         out, err = captures(request)

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -30,11 +31,63 @@ FIND_SUPERVISOR = (
     'p=$$; while [ "$p" -gt 1 ]; do '
     "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); "
     "if tr '\\0' ' ' < /proc/$p/cmdline | grep -q -e 'import runner' -e '_runner.py'; "
-    "then kill -SIG $p && echo hit $p; break; fi; done; kill -SIG 1 2>/dev/null; "
+    "then ACTION && echo hit $p; break; fi; done; "
 )
 """Stop the command's supervisor: the nearest ancestor whose command line is the
 supervisor's (docker's boot code imports ``runner``; the local backends run ``_runner.py``),
 and PID 1 (the supervisor, where it is the sandbox's init). Never another sandbox's."""
+
+
+def supervisor_of(sb: Sandbox) -> int | None:
+    """The host pid of the sandbox's supervisor (docker's in-container runner, process-group's
+    runner, systemd-scope's namespace holder)."""
+    backend: Any = sb.backend
+    if backend.name == "docker":
+        return cast(int | None, backend.supervisor_pid)
+    client = backend._client if backend.name == "process-group" else backend._holder
+    return None if client is None else cast(int | None, client.pid)
+
+
+def signal_supervisor(sig: str) -> str:
+    return FIND_SUPERVISOR.replace("ACTION", f"kill -{sig} $p") + f"kill -{sig} 1 2>/dev/null; "
+
+
+STARVE = {
+    "nofile": "import resource as r, sys; r.prlimit(int(sys.argv[1]), r.RLIMIT_NOFILE, (8, 8))",
+    "nproc": "import resource as r, sys; r.prlimit(int(sys.argv[1]), r.RLIMIT_NPROC, (1, 1))",
+    "nice": "import os, sys; os.setpriority(os.PRIO_PROCESS, int(sys.argv[1]), 19)",
+}
+
+
+@pytest.mark.parametrize("how", sorted(STARVE))
+async def test_a_command_that_starves_its_supervisor_loses_only_its_sandbox(
+    workspace: Path, backend: str, how: str
+) -> None:
+    """``prlimit`` and ``setpriority`` need only the same uid, PID 1 or not, and cannot be
+    undone without privilege: the next call sees the change (from the host, in ``/proc``),
+    and gets a fresh sandbox; nothing of the old one is left."""
+    tok = "7315.25"
+    action = f"python3 -c '{STARVE[how]}' $p"
+    script = FIND_SUPERVISOR.replace("ACTION", action) + f"(sleep {tok} &) ; echo done"
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        first = supervisor_of(sb)
+        with anyio.fail_after(60):
+            hit = await sb.exec(shell=script, timeout=10)
+            read = await _files_bounded(sb)
+            after = await sb.exec(["echo", "fresh"])
+            again = await sb.read_file("hello.txt")
+            job = await sb.start(["sh", "-c", "echo job"])
+            done = await job.wait()
+        replaced = supervisor_of(sb)
+        await assert_container_clean(sb)
+    assert "hit" in hit.stdout, hit  # it found its supervisor and changed it
+    assert first is not None and replaced is not None and replaced != first, "not replaced"
+    assert hit.status in ("completed", "sandbox_error"), hit
+    assert read == b"hello\n" or isinstance(read, SandboxError)
+    assert after.status == "completed" and after.stdout == "fresh\n", after
+    assert again == b"hello\n"
+    assert done.status == "completed" and done.stdout == "job\n", done
+    assert wait_until(lambda: not processes_with_arg(tok), 5), "the command outlived its run"
 
 
 async def _files_bounded(sb: Sandbox) -> bytes | SandboxError:
@@ -51,7 +104,7 @@ async def test_a_command_cannot_freeze_its_sandbox(workspace: Path, backend: str
     timeout, every files call answers or raises within 5 s, the next exec succeeds, and
     nothing of the command is left."""
     tok = "7313.25"
-    script = FIND_SUPERVISOR.replace("SIG", sig) + f"echo sent; sleep {tok}"
+    script = signal_supervisor(sig) + f"echo sent; sleep {tok}"
     async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
         began = time.monotonic()
         with anyio.fail_after(30):
@@ -141,6 +194,7 @@ FD_SCRIPT = textwrap.dedent(
             except OSError:
                 pass
             report = {}
+            await anyio.sleep(1)  # the job's waiter probes the supervisor meanwhile
             report["read_file"] = await outcome(lambda: sb.read_file("hello.txt"))()
             report["exec"] = await outcome(lambda: sb.exec(["echo", "x"]))()
             job2 = await sb.start(["echo", "x"])  # returns at once: its result says why
@@ -207,7 +261,7 @@ async def _stop_an_unprotected_runner(workspace: Path, sig: str) -> None:
     from sandboxrun import Policy
 
     tok = "7314.25"
-    script = FIND_SUPERVISOR.replace("SIG", sig) + f"echo sent; sleep {tok}"
+    script = signal_supervisor(sig) + f"echo sent; sleep {tok}"
     policy = Policy(allow_degraded=True)
     async with Sandbox(workspace, backend="process-group", policy=policy, limits=FAST) as sb:
         watched = sb.backend._client._watch_pid  # type: ignore[attr-defined]

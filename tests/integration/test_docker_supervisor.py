@@ -310,3 +310,27 @@ async def test_an_engine_that_cannot_see_the_host_directory_falls_back(
     async with Sandbox(workspace, backend="docker") as sb:
         result = await sb.exec(["echo", "hi"])
     assert result.via == "engine" and result.stdout == "hi\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops to another uid to look")
+async def test_a_non_root_invoker_sees_the_engine_as_local(workspace: Path) -> None:
+    """The supervisor, PID 1 of the container, is non-dumpable: only root may read its
+    ``environ``. Another uid still recognises the engine as local, by the container's cgroup
+    (the check ``DockerBackend.open`` makes; else the sandbox would run without a
+    supervisor and, its ``sleep`` as PID 1, reap nothing)."""
+    async with Sandbox(workspace, backend="docker") as sb:
+        backend = sb.backend
+        assert isinstance(backend, DockerBackend)
+        pid, cid = backend.init_pid, backend.container_id
+        assert pid is not None and cid is not None
+        code = (
+            "import os, sys\n"
+            "from sandboxrun.backends.docker import engine_visible\n"  # before: root's files
+            "os.setgid(65534); os.setuid(65534)\n"
+            f"print(os.access('/proc/{pid}/environ', os.R_OK), engine_visible({pid}, {cid!r}))\n"
+        )
+        seen = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.split() == ["False", "True"]

@@ -96,6 +96,39 @@ def test_no_byte_sandboxrun_writes_holds_the_secret(
         assert MARK.encode() in said  # masked, not dropped
 
 
+@pytest.mark.parametrize(
+    ("value", "argv0"),
+    [
+        ("tok\\SeCrEt-9876", "./tok\\SeCrEt-9876"),  # a backslash (a repr() would double it)
+        (VALUE, "./" + "a" * 188 + VALUE),  # cut by the supervisor inside the value
+    ],
+    ids=["backslash", "cut"],
+)
+def test_a_quoted_or_cut_name_holds_no_secret(
+    workspace: Path, backend: str, value: str, argv0: str
+) -> None:
+    for opt in ([], ["--json"]):
+        args = [*base_args(workspace, backend), *opt, "-e", f"API_TOKEN={value}", "--", argv0]
+        proc = run_cli(args)
+        said = (proc.stdout + proc.stderr).decode(errors="replace")
+        assert value not in said and value.replace("\\", "\\\\") not in said, said
+        assert value[:8] not in said, said  # not even the start of it
+        assert MARK in said.replace("\\", ""), said
+
+
+@pytest.mark.anyio
+async def test_a_job_that_never_ran_is_masked(workspace: Path, backend: str) -> None:
+    """A job whose task never ran its command (the sandbox closed first) still has a result:
+    masked like every other."""
+    policy = Policy(allow_degraded=True)
+    async with Sandbox(workspace, backend=backend, policy=policy, env={"API_TOKEN": VALUE}) as sb:
+        job = await sb.start(["echo", VALUE])
+    ended = await job.wait()
+    shown = ended.to_json()
+    assert VALUE not in shown, shown
+    assert MARK in " ".join(ended.argv), ended.argv
+
+
 def test_no_mask_still_shows_the_value(workspace: Path, backend: str) -> None:
     proc = run_cli([*base_args(workspace, backend), "--no-mask", *SECRET, "--", f"./{VALUE}"])
     assert VALUE.encode() in proc.stderr

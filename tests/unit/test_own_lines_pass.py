@@ -315,3 +315,20 @@ def test_assignments_feed_the_masking() -> None:
         assert report.mask(f"'{VALUE}' 'second-one'") == f"'{MARK}' '{MARK}'"
     finally:
         report.use_secrets(None)
+
+
+def test_a_value_cut_off_by_the_supervisor_is_masked_to_its_start() -> None:
+    """A string the supervisor cut (``…(N bytes)``) may end inside a value: its start is
+    masked too; the cut marker stays; a string not cut keeps a lone prefix as it is."""
+    from sandboxrun.redact import Redactor
+
+    masking = Redactor({"API_TOKEN": b"tok-SeCrEt-9876", "DB_PASSWORD": b"hunter2-x"})
+    cut = "\u2026(207 bytes)"
+    assert masking.mask_text("aaa tok-SeC" + cut) == "aaa [masked:API_TOKEN]" + cut
+    assert masking.mask_text("aaa t" + cut) == "aaa [masked:API_TOKEN]" + cut
+    assert masking.mask_text("x hunter2-" + cut + " tok-" + cut) == (
+        "x [masked:DB_PASSWORD]" + cut + " [masked:API_TOKEN]" + cut
+    )
+    assert masking.mask_text("aaa tok-SeC") == "aaa tok-SeC"  # not cut: not the value
+    assert masking.mask_text("aaa zzz" + cut) == "aaa zzz" + cut
+    assert masking.mask_text("tok-SeCrEt-9876" + cut) == "[masked:API_TOKEN]" + cut

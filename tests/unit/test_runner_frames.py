@@ -119,6 +119,9 @@ async def test_a_malformed_frame_that_names_no_request_is_a_lost_supervisor(
 async def test_a_malformed_frame_fails_the_request_it_names_alone(payload: bytes) -> None:
     client, peer = await attached(lambda s: s.sendall(HEADER.pack(len(payload)) + payload))
     assert client.dead is None
+    failed = client._channels["r1"].spawned  # the request it names: failed
+    assert failed is not None and failed["op"] == "spawn_error", failed
+    assert "malformed" in str(failed["error"])
     channel = client.open_channel("r1")  # a fresh channel: the old one's failure was routed
     assert channel.spawned is None
     peer.sendall(frame({"op": "spawned", "id": "r1", "pid": 5}))
@@ -253,5 +256,23 @@ async def test_fds_on_a_frame_that_carries_none_for_the_host_are_closed() -> Non
     assert client.dead is None  # well formed: routed, its fds dropped
     held = holding(pipe)
     assert not held, "an fd the host never asked for was kept"
+    peer.close()
+    await client.close()
+
+
+async def test_a_request_a_stopped_supervisor_does_not_read_ends_at_once() -> None:
+    """A large request (a spawn's megabyte of argv) to a supervisor that does not read: the
+    send probes it while the socket is full, and a stopped one is declared dead at once."""
+    proc = subprocess.Popen(["sleep", "60"])
+    ours, peer = socket.socketpair()
+    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
+    client = RunnerClient()
+    await client.attach(ours, 5)
+    client.watch(proc.pid)
+    os.kill(proc.pid, signal.SIGSTOP)
+    with anyio.fail_after(5), pytest.raises(BackendError) as caught:
+        await client.spawn(client.open_channel("r1"), {"argv": ["x" * 4_000_000]}, [])
+    assert "supervisor was stopped" in str(caught.value)
+    assert proc.wait(timeout=5) == -signal.SIGKILL
     peer.close()
     await client.close()
