@@ -117,6 +117,14 @@ def own_state() -> tuple[tuple[tuple[int, int], ...], int, int]:
     return limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
 
 
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def read_stat(pid: int) -> tuple[int, bytes, int] | None:
     """``(ppid, state, starttime)`` of a process, or None when it is gone."""
     try:
@@ -283,14 +291,15 @@ class Runner:
         self.runs: dict[str, Run] = {}
         self.mains: dict[int, Run] = {}
         self.orphans: dict[tuple[int, int], list[str]] = {}
-        self.fds: list[int] = []
+        self.batches: list[tuple[int, int, list[int], bool]] = []
+        """Fds received and not yet taken by their request: ``(begin, end, fds, truncated)``
+        of each receive that brought some (``fds_of``)."""
+        self.received = 0
+        """Bytes received from the host so far (``inbuf`` ends there)."""
         self.inbuf = b""
         self.closing = False
         self.last_refresh = 0.0
         self.layers: list[str] = []
-        self.fds_lost = False
-        """The kernel dropped fds sent to us (MSG_CTRUNC): the next spawn fails, and drops
-        the fds it finds (they may be a later request's)."""
         self.state = own_state()
         """Our limits, nice value and scheduling policy as we serve (``tampered``)."""
 
@@ -319,12 +328,10 @@ class Runner:
             data, fds, flags, _ = socket.recv_fds(self.sock, 1 << 16, 16)
         except OSError:
             data, fds, flags = b"", [], 0
-        if flags & socket.MSG_CTRUNC:  # fds dropped (our fd table is full): the spawn they
-            for fd in fds:  # came with fails, and no later spawn takes another's fds
-                os.close(fd)
-            fds = []
-            self.fds_lost = True
-        self.fds.extend(fds)
+        begin = self.received
+        self.received += len(data)
+        if fds or flags & socket.MSG_CTRUNC:  # (dropped ones: our fd table is full)
+            self.batches.append((begin, self.received, fds, bool(flags & socket.MSG_CTRUNC)))
         if not data:
             self.begin_close(orphaned=True)
             return
@@ -335,14 +342,34 @@ class Runner:
             (size,) = HEADER.unpack_from(self.inbuf)
             if len(self.inbuf) < HEADER.size + size:
                 break
+            start = self.received - len(self.inbuf)
             frame = self.inbuf[HEADER.size : HEADER.size + size]
             self.inbuf = self.inbuf[HEADER.size + size :]
+            fds, truncated = self.fds_of(start, start + HEADER.size + size)
             try:
                 msg = json.loads(frame)
-                if isinstance(msg, dict):
+                if isinstance(msg, dict) and msg.get("op") == "spawn":
+                    taken, fds = fds, []  # the spawn owns (and closes) them
+                    self.spawn(msg, taken, truncated)
+                elif isinstance(msg, dict):
                     self.handle(msg)
             except Exception as exc:  # a bad request never takes the runner (and its runs) down
                 sys.stderr.write(f"sandboxrun runner: a request failed: {clip(repr(exc), 200)}\n")
+            close_all(fds)  # fds no request of ours takes
+
+    def fds_of(self, start: int, end: int) -> tuple[list[int], bool]:
+        """The fds that came with the request at stream bytes ``[start, end)``: a receive ends
+        with the segment that carries fds, and the host sends a request's fds with its first
+        byte, so a receive's fds are the last request's that begins in it (never another's).
+        Fds that came with no request's start are closed."""
+        while self.batches and self.batches[0][1] <= start:
+            close_all(self.batches.pop(0)[2])
+        if self.batches:
+            first, last, fds, truncated = self.batches[0]
+            if first <= start < last and end >= last:
+                self.batches.pop(0)
+                return fds, truncated
+        return [], False
 
     def tampered(self) -> bool:
         """Whether a command changed our limits or priority (``prlimit``, ``setpriority``,
@@ -374,9 +401,7 @@ class Runner:
 
     def handle(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
-        if op == "spawn":
-            self.spawn(msg)
-        elif op == "terminate":
+        if op == "terminate":
             run = self.runs.get(msg["id"])
             if run is not None:
                 self.start_termination(run, float(msg["grace"]))
@@ -431,14 +456,11 @@ class Runner:
             self.start_termination(run, min(run.grace, ORPHANED_GRACE_S) if orphaned else run.grace)
 
     # -- spawning and reaping ---------------------------------------------------------------
-    def spawn(self, msg: dict[str, Any]) -> None:
-        stdio, self.fds = self.fds[:3], self.fds[3:]
-        lost, self.fds_lost = self.fds_lost, False
-        if lost:  # whatever is queued may belong to later requests: none is trusted
-            stdio, self.fds = stdio + self.fds, []
+    def spawn(self, msg: dict[str, Any], stdio: list[int], truncated: bool = False) -> None:
+        """Start a run on ``stdio``, the three fds that came with its request (closed here)."""
         restore = None
         try:
-            if lost:
+            if truncated:
                 raise OSError(errno.EMFILE, "too many open files in the supervisor")
             if len(stdio) != 3:
                 raise OSError(0, "the spawn request came without its three stdio fds")

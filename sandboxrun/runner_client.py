@@ -70,6 +70,17 @@ def _spawn_runner(
 
 
 @dataclass
+class FdBatch:
+    """The fds of one receive: stream bytes ``[begin, end)`` came with them."""
+
+    begin: int
+    end: int
+    fds: list[int]
+    truncated: bool
+    """The kernel dropped some (MSG_CTRUNC: this process is out of fds)."""
+
+
+@dataclass
 class Channel:
     """Messages the runner sent about one run."""
 
@@ -166,8 +177,10 @@ class RunnerClient:
         self._ready = False
         self._dead: str | None = None
         self._inbuf = b""
-        self._fds: list[int] = []
-        """Fds received and not yet claimed by a message (``fds: n`` in a frame)."""
+        self._batches: list[FdBatch] = []
+        """Fds received and not yet claimed by their frame (``fds: n`` in it), oldest first."""
+        self._received = 0
+        """Bytes received from the supervisor so far (``_inbuf`` ends there)."""
         self._reading = False
         self._activity = anyio.Event()
         self._opens: dict[str, dict[str, Any] | None] = {}
@@ -175,9 +188,6 @@ class RunnerClient:
         self._open_seq = 0
         self._skip = 0
         """Bytes still to discard of an oversized frame (it failed its request alone)."""
-        self._truncated = 0
-        """Receives whose fds the kernel dropped (MSG_CTRUNC: this process is out of fds);
-        the frames that named them fail their requests with EMFILE."""
         self._watch_fd: int | None = None
         """A pidfd of the supervisor's process (``watch``): probed while callers wait, and
         killed through when the supervisor is declared dead."""
@@ -328,9 +338,12 @@ class RunnerClient:
         except OSError as exc:
             self._lose(f"runner connection failed: {exc}")
             return
-        if flags & socket.MSG_CTRUNC:
-            self._truncated += 1
-        self._fds.extend(fds)
+        begin = self._received
+        self._received += len(data)
+        if fds or flags & socket.MSG_CTRUNC:  # (dropped ones: this process is out of fds)
+            self._batches.append(
+                FdBatch(begin, self._received, fds, bool(flags & socket.MSG_CTRUNC))
+            )
         if not data:
             self._lose("the runner exited unexpectedly")
             return
@@ -341,12 +354,14 @@ class RunnerClient:
                 self._inbuf, self._skip = self._inbuf[dropped:], self._skip - dropped
             if self._skip or len(self._inbuf) < HEADER.size:
                 break
+            start = self._received - len(self._inbuf)  # the frame's first byte in the stream
             (size,) = HEADER.unpack_from(self._inbuf)
             if size > MAX_FRAME:  # its request fails; the bytes are read and dropped
                 if len(self._inbuf) < HEADER.size + min(size, 256):
                     break  # the head names the request: wait for it
                 head = self._inbuf[HEADER.size : HEADER.size + 256]
                 self._inbuf, self._skip = self._inbuf[HEADER.size :], size
+                _close_fds(self._fds_of(start, start + HEADER.size + size).fds)
                 if not self._fail_frame(head, f"a reply of {size} bytes (at most {MAX_FRAME})"):
                     break
                 continue
@@ -354,33 +369,40 @@ class RunnerClient:
                 break
             frame = self._inbuf[HEADER.size : HEADER.size + size]
             self._inbuf = self._inbuf[HEADER.size + size :]
+            batch = self._fds_of(start, start + HEADER.size + size)
+            if self._dead:
+                break
             try:
                 msg = json.loads(frame, parse_constant=_no_constant)
             except (ValueError, RecursionError):
                 msg = None
             if not valid_message(msg):
+                _close_fds(batch.fds)
                 if not self._fail_frame(frame[:256], "a malformed reply"):
                     break
                 continue
             assert isinstance(msg, dict)
             wanted = msg.get("fds", 0)
             if not isinstance(wanted, int) or wanted < 0 or wanted > MAX_FDS:
+                _close_fds(batch.fds)
                 self._lose("the runner sent a message without the fds it names")
                 break
-            if wanted > len(self._fds):  # dropped on the way (this process is out of fds)
-                _close_fds(self._fds)
-                self._fds = []
-                truncated, self._truncated = self._truncated, 0
+            if wanted < len(batch.fds):
+                _close_fds(batch.fds)
+                self._lose("the runner sent fds no message claims")
+                break
+            if wanted > len(batch.fds):  # dropped on the way (this process is out of fds)
+                _close_fds(batch.fds)
                 code, why = (
                     (errno.EMFILE, "too many open files in this process")
-                    if truncated
+                    if batch.truncated
                     else (0, "the supervisor's reply came without the descriptor it names")
                 )
                 if not self._fail_request(msg["op"], msg.get("id"), why, code):
                     self._lose("the runner sent a message without the fds it names")
                     break
                 continue
-            msg["_fds"], self._fds = self._fds[:wanted], self._fds[wanted:]
+            msg["_fds"] = batch.fds
             if msg["op"] != "opened":  # only an ``open`` reply carries an fd for the host
                 _close_fds(msg.pop("_fds"))
                 msg["_fds"] = []
@@ -390,16 +412,28 @@ class RunnerClient:
                 _close_fds(msg.get("_fds", []))
                 self._lose(f"the runner sent a message the host cannot use: {exc!r}")
                 break
-        if self._fds and (not self._inbuf or len(self._fds) > MAX_FDS):
-            # fds travel with their frame's first byte: with no frame pending, nobody claims them
+        if self._batches and not self._inbuf and not self._skip and not self._dead:
+            # every frame begun is read: fds still here came with no frame's first byte
             self._lose("the runner sent fds no message claims")
+
+    def _fds_of(self, start: int, end: int) -> FdBatch:
+        """The fds that came with the frame at stream bytes ``[start, end)``. A receive ends
+        with the kernel's segment that carries fds, and the supervisor sends a frame's fds
+        with its first byte (one frame per ``sendmsg``): a receive's fds are the last frame's
+        that begins in it. Never another frame's (an fd of the wrong file handed to a caller);
+        fds that came with no frame's start end the connection."""
+        while self._batches and self._batches[0].end <= start:
+            self._lose("the runner sent fds no message claims")  # closes them
+        if self._batches:
+            first = self._batches[0]
+            if first.begin <= start < first.end and end >= first.end:
+                return self._batches.pop(0)
+        return FdBatch(start, start, [], False)
 
     def _fail_frame(self, head: bytes, what: str) -> bool:
         """A frame that cannot be used: the request its head names fails alone (its fds, if
         it had any, are dropped with every other unclaimed one). False when no request can be
         named: the connection is lost (nobody could be told)."""
-        _close_fds(self._fds)
-        self._fds = []
         found = _HEAD.match(head)
         if found is None:
             self._lose(f"the supervisor sent {what} that names no request")
@@ -457,10 +491,9 @@ class RunnerClient:
 
     def _lose(self, reason: str) -> None:
         self._dead = self._dead or reason
-        for fd in self._fds:
-            with suppress(OSError):
-                os.close(fd)
-        self._fds = []
+        for batch in self._batches:
+            _close_fds(batch.fds)
+        self._batches = []
         for channel in self._channels.values():
             channel.lost = True
 

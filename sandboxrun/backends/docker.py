@@ -507,8 +507,8 @@ class DockerBackend:
                 return result.model_copy(
                     update={
                         "status": "sandbox_error",
-                        "error": f"the sandbox ended during the exec ({why}); the next "
-                        "command gets a fresh container",
+                        "error": "the sandbox container stopped or was removed during the "
+                        f"exec ({why}); the next command gets a fresh container",
                     }
                 )
             after = proctree.read_oom(self.oom_file) if self.oom_file else None

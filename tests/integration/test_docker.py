@@ -31,7 +31,7 @@ import docker
 import docker.errors
 import pytest
 from conformance_helpers import assert_container_clean
-from helpers import require_backend
+from helpers import require_backend, wait_until
 
 from sandboxrun import ConfigError, Limits, Policy, Sandbox, WorkspaceError
 from sandboxrun.backends.docker import DockerBackend
@@ -826,13 +826,26 @@ RACE = (
 
 @pytest.fixture
 def engine_path_for_kill_1(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    """``kill 1`` ends a container whose main process is a ``sleep`` (the engine's exec path);
-    the supervisor ignores the TERM the init forwards (as on the local backends, a command
-    cannot end its sandbox that way: ``test_kill_1_does_not_end_a_supervised_sandbox``)."""
+    """``kill 1`` and ``kill -9 -1`` end a container whose main process is a ``sleep`` (the
+    engine's exec path); the supervisor is the container's PID 1, out of reach of both (as on
+    the local backends, a command cannot end its sandbox that way:
+    ``test_kill_1_does_not_end_a_supervised_sandbox``)."""
     params = getattr(request.node, "callspec", None)
     scenario = " ".join(str(v) for v in (params.params.values() if params else ()))
-    if "kill 1" in scenario:
+    if "kill 1" in scenario or "kill -9 -1" in scenario:  # the supervisor is out of reach
         monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")
+
+
+async def test_kill_9_minus_1_does_not_end_a_supervised_sandbox(workspace: Path) -> None:
+    """``kill -9 -1`` reaches every process of the container but PID 1, the supervisor: the
+    sandbox goes on in the same container."""
+    async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
+        cid = backend_of(sb).container_id
+        hit = await sb.exec(shell="kill -9 -1; kill -9 1; kill -STOP 1; echo lived")
+        after = await sb.exec(["echo", "same"])
+        assert backend_of(sb).container_id == cid
+    assert hit.status != "sandbox_error", hit
+    assert after.status == "completed" and after.stdout == "same\n", after
 
 
 async def test_kill_1_does_not_end_a_supervised_sandbox(workspace: Path) -> None:
@@ -935,8 +948,8 @@ async def test_init_killed_by_a_leftover_of_the_exec_is_not_completed(
         result = await sb.exec(
             shell="(trap '' TERM; sleep 0.3; kill 1) >/dev/null 2>&1 & echo bg", timeout=20
         )
-        state = engine.api.inspect_container(cid)["State"]
-    assert not state["Running"], "the scenario did not kill the container"
+        stopped = wait_until(lambda: not engine.api.inspect_container(cid)["State"]["Running"])
+    assert stopped, "the scenario did not kill the container"
     assert result.stdout == "bg\n"
     assert result.status == "sandbox_error", result
 
@@ -956,9 +969,25 @@ def kill_and_wait(engine: docker.DockerClient, cid: str) -> None:
         time.sleep(0.05)
 
 
-async def test_container_killed_while_idle_is_sandbox_error_on_the_next_exec(
+async def test_container_killed_while_idle_is_replaced_before_the_next_exec(
     workspace: Path, engine: docker.DockerClient
 ) -> None:
+    """Its supervisor is seen gone (its pidfd) before the next exec uses it: that exec runs in
+    a fresh container."""
+    async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
+        cid = backend_of(sb).container_id
+        assert cid is not None
+        await anyio.to_thread.run_sync(kill_and_wait, engine, cid)
+        result = await sb.exec(["echo", "hi"])
+        assert backend_of(sb).container_id != cid
+    assert result.status == "completed" and result.stdout == "hi\n", result
+    assert ours(engine) == []
+
+
+async def test_container_killed_while_idle_is_sandbox_error_on_the_engine_path(
+    workspace: Path, engine: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")  # nothing to watch: found at exec
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
         cid = backend_of(sb).container_id
         assert cid is not None
@@ -977,7 +1006,7 @@ async def test_sandbox_recovers_after_its_container_died_while_idle(
         cid = backend_of(sb).container_id
         assert cid is not None
         await anyio.to_thread.run_sync(kill_and_wait, engine, cid)
-        await sb.exec(["echo", "hi"])  # sandbox_error (tested above)
+        await sb.exec(["echo", "hi"])  # a fresh container, or sandbox_error (tested above)
         later = [await sb.exec(["echo", "hi"]) for _ in range(3)]
     assert [r.status for r in later] == ["completed"] * 3, later[0].error
     assert ours(engine) == []

@@ -12,6 +12,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 from collections.abc import Callable
 
 import anyio
@@ -276,3 +277,71 @@ async def test_a_request_a_stopped_supervisor_does_not_read_ends_at_once() -> No
     assert proc.wait(timeout=5) == -signal.SIGKILL
     peer.close()
     await client.close()
+
+
+async def test_a_bad_reply_never_takes_or_drops_a_neighbours_fd(tmp_path: object) -> None:
+    """A malformed reply to one open, then a good reply with its fd to another, in one
+    receive: the first open fails alone, the second gets exactly its own file."""
+    ours, peer = socket.socketpair()
+    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
+    client = RunnerClient()
+    await client.attach(ours, 5)
+    client._opens.update({"open-1": None, "open-2": None})
+    r, w = os.pipe()
+    pipe = os.readlink(f"/proc/self/fd/{r}")
+    bad = b'{"op": "open_error", "id": "open-1", "errno": -1}'
+    peer.sendall(HEADER.pack(len(bad)) + bad)
+    good = {"op": "opened", "id": "open-2", "kind": "file", "size": 1, "fds": 1}
+    socket.send_fds(peer, [frame(good)], [r])
+    os.close(r)
+    with anyio.fail_after(5):
+        await client.wait_for(lambda: client._opens["open-2"] is not None)
+    first, second = client._opens["open-1"], client._opens["open-2"]
+    assert client.dead is None
+    assert first is not None and first["op"] == "open_error" and first["_fds"] == []
+    assert second is not None and len(second["_fds"]) == 1
+    assert os.readlink(f"/proc/self/fd/{second['_fds'][0]}") == pipe  # its own file
+    os.close(second["_fds"][0])
+    os.close(w)
+    peer.close()
+    await client.close()
+
+
+def test_the_supervisor_gives_each_spawn_exactly_its_own_fds() -> None:
+    """The runner (a real one) takes a request's fds only from the receive its first byte
+    came in: a spawn sent without fds fails alone, and never takes the next spawn's."""
+    from sandboxrun.runner_client import RUNNER
+
+    host, child = socket.socketpair()
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(RUNNER), str(child.fileno())], pass_fds=[child.fileno()]
+    )
+    child.close()
+    out_r, out_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        base = {"env": {}, "cwd": "/", "grace": 0.5}
+        host.sendall(frame({"op": "spawn", "id": "a", "argv": ["true"], **base}))
+        spawn_b = frame({"op": "spawn", "id": "b", "argv": ["echo", "mine"], **base})
+        socket.send_fds(host, [spawn_b], [null, out_w, null])
+        os.close(out_w)
+        replies: dict[str, dict[str, object]] = {}
+        buf = b""
+        host.settimeout(10)
+        while not {"a", "b"} <= replies.keys():
+            buf += host.recv(65536)
+            while len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]:
+                size = HEADER.unpack_from(buf)[0]
+                msg = json.loads(buf[4 : 4 + size])
+                buf = buf[4 + size :]
+                if msg.get("op") in ("spawned", "spawn_error"):
+                    replies[msg["id"]] = msg
+        assert replies["a"]["op"] == "spawn_error", replies
+        assert "three stdio fds" in str(replies["a"]["error"])
+        assert replies["b"]["op"] == "spawned", replies
+        assert os.read(out_r, 100) == b"mine\n"  # b's output on b's own pipe
+    finally:
+        host.close()
+        proc.wait(timeout=10)
+        os.close(out_r)
+        os.close(null)
