@@ -317,10 +317,13 @@ class RunnerClient:
                 self._activity = anyio.Event()
 
     async def _read_batch(self) -> None:
-        """Receive what is there (fds too), and route every complete frame. The supervisor
-        may live inside the sandbox (docker): a frame over ``MAX_FRAME`` bytes, one that is
-        not a JSON object with a string ``op``, or fds beyond what frames claim end the
-        connection as lost, never the host."""
+        """Receive what is there (fds too), and route every complete frame; with nothing to
+        receive for ``PROBE_EVERY_S``, probe the supervisor. It may live inside the sandbox
+        (docker) and is never trusted: a frame over ``MAX_FRAME`` bytes or one that is not a
+        valid message fails the request its head names (``_fail_frame``; the stream stays in
+        step by the frame's length), a frame whose fds were dropped (this process out of
+        fds) fails its request with EMFILE; what names no request, or fds no frame came
+        with, end the connection as lost, never the host."""
         assert self._sock is not None
         readable = False
         with anyio.move_on_after(PROBE_EVERY_S if self._watch_fd is not None else None):

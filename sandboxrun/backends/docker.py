@@ -174,7 +174,7 @@ class DockerBackend:
 
     def _open_sync(self) -> socket.socket | None:
         self.keep, self.init_pid, self.supervisor_pid = frozenset(), None, None  # a recycle's
-        client = self.client = dockerapi.connect()
+        self.client = dockerapi.connect()
         parent = sv.parent_dir(self.workspace.root) if self.want_supervisor else None
         if parent is not None:
             self._rendezvous = sv.Rendezvous(parent)
@@ -194,14 +194,25 @@ class DockerBackend:
                 "sandboxrun: the docker engine cannot apply a seccomp profile: the sandbox runs "
                 "under its default (`seccomp` is not in isolation)"
             )
-            self.container_id = None
-            error = dockerapi.remove_container(
-                client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
-            )
-            if error is not None:
-                self._left_behind(cid, error)
+            self._discard(cid)
             cid = self._create()
             self._start(cid)
+        self._learn(cid)
+        wanted = self._rendezvous is not None
+        conn = self._meet_supervisor()
+        if conn is None and wanted and self.local:
+            # No supervisor can run here (no usable python3): a container with an init to
+            # reap the engine's execs' orphans, which the idle ``sleep`` would not.
+            self._discard(cid)
+            self.keep = frozenset()
+            cid = self._create()
+            self._start(cid)
+            self._learn(cid)
+        return conn
+
+    def _learn(self, cid: str) -> None:
+        """What this host sees of the started container ``cid``: its PID 1, own processes,
+        cgroup, limits and OOM counter (a local engine's only)."""
         state = self.inspect_state()
         if not state.get("Running"):
             raise BackendError(f"the sandbox container did not start: {state}")
@@ -215,16 +226,9 @@ class DockerBackend:
             self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
             self.oom_file = proctree.oom_file(pid)
-        wanted = self._rendezvous is not None
-        conn = self._meet_supervisor()
-        if conn is None and wanted and self.local:
-            # No supervisor can run here (no usable python3): a container with an init to
-            # reap the engine's execs' orphans, which the idle ``sleep`` would not.
-            self._replace_container(cid)
-        return conn
 
-    def _replace_container(self, cid: str) -> None:
-        """Remove ``cid`` and start a container of the engine's exec path in its place."""
+    def _discard(self, cid: str) -> None:
+        """Remove a container set up in vain (it is started again another way)."""
         assert self.client is not None
         self.container_id = None
         error = dockerapi.remove_container(
@@ -232,18 +236,6 @@ class DockerBackend:
         )
         if error is not None:
             self._left_behind(cid, error)
-        self.keep = frozenset()
-        cid = self._create()
-        self._start(cid)
-        state = self.inspect_state()
-        if not state.get("Running"):
-            raise BackendError(f"the sandbox container did not start: {state}")
-        pid = int(state.get("Pid") or 0)
-        self.init_pid = pid
-        self.keep = main_processes(pid)
-        self.cgroup_procs = proctree.cgroup_procs_file(pid)
-        self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
-        self.oom_file = proctree.oom_file(pid)
 
     def _meet_supervisor(self) -> socket.socket | None:
         """Our end of the supervisor's connection, or None: the image cannot run one (a

@@ -28,14 +28,17 @@ pytestmark = pytest.mark.anyio
 FAST = Limits(grace_s=0.5, drain_s=0.5)
 
 FIND_SUPERVISOR = (
-    'p=$$; while [ "$p" -gt 1 ]; do '
+    "ours() { tr '\\0' ' ' < /proc/$1/cmdline | grep -q -e 'import runner' -e '_runner.py'; }; "
+    'p=$$; found=; while [ "$p" -gt 1 ]; do '
     "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); "
-    "if tr '\\0' ' ' < /proc/$p/cmdline | grep -q -e 'import runner' -e '_runner.py'; "
-    "then ACTION && echo hit $p; break; fi; done; "
+    "if ours $p; then found=$p; break; fi; done; "
+    '[ -z "$found" ] && ours 1 && found=1; '
+    'if [ -n "$found" ]; then p=$found; ACTION && echo hit $p; fi; '
 )
-"""Stop the command's supervisor: the nearest ancestor whose command line is the
+"""Act on the command's supervisor: the nearest ancestor whose command line is the
 supervisor's (docker's boot code imports ``runner``; the local backends run ``_runner.py``),
-and PID 1 (the supervisor, where it is the sandbox's init). Never another sandbox's."""
+else PID 1 when it is (systemd-scope's holder: a run joins its namespaces from outside, so
+its parent is not in them). Never another sandbox's."""
 
 
 def supervisor_of(sb: Sandbox) -> int | None:
