@@ -305,23 +305,22 @@ class Runner:
 
     # -- messages ---------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
-        data = self.encode(msg)
+        data = json.dumps(msg).encode()
+        self.send_frame(data if len(data) <= MAX_SEND else self.too_large(msg, len(data)))
+
+    def send_frame(self, data: bytes) -> None:
         try:
             self.sock.sendall(HEADER.pack(len(data)) + data)
         except OSError:
             self.closing = True
 
     @staticmethod
-    def encode(msg: dict[str, Any]) -> bytes:
-        """``msg`` as JSON, never over ``MAX_SEND`` bytes: a larger one becomes an ``error``
-        about that request (its ``op`` and ``id``), so the host fails that request alone."""
-        data = json.dumps(msg).encode()
-        if len(data) > MAX_SEND:
-            why = f"the supervisor's {clip(str(msg.get('op')), 40)} reply was {len(data)} bytes"
-            data = json.dumps(
-                {"op": "error", "id": msg.get("id"), "about": msg.get("op"), "error": why}
-            ).encode()
-        return data
+    def too_large(msg: dict[str, Any], size: int) -> bytes:
+        """What is sent instead of a reply over ``MAX_SEND`` bytes: an ``error`` about that
+        request (its ``op`` and ``id``, no fd), so the host fails that request alone."""
+        why = f"the supervisor's {clip(str(msg.get('op')), 40)} reply was {size} bytes"
+        error = {"op": "error", "id": msg.get("id"), "about": msg.get("op"), "error": why}
+        return json.dumps(error).encode()
 
     def receive(self) -> None:
         try:
@@ -387,17 +386,21 @@ class Runner:
         else:
             why = "a command changed the supervisor's nice value or scheduling policy"
         self.send(op="fatal", error=f"{why}: the sandbox ends")
+        self.kill_all()
+        os._exit(3)  # as PID 1, our exit also kills whatever else lives in the namespace
+
+    def kill_all(self) -> None:
+        """SIGKILL every run's group and every process of it we know (no grace: we end)."""
         for run in list(self.runs.values()):
             try:
                 os.killpg(run.pid, signal.SIGKILL)
             except OSError:
                 pass
-            for pid in run.members:
+            for pid in [run.pid, *run.members]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-        os._exit(3)  # as PID 1, our exit also kills whatever else lives in the namespace
 
     def handle(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
@@ -431,17 +434,17 @@ class Runner:
                 self.send(op="open_error", id=msg.get("id"), errno=0, error=why)
         except Exception as exc:  # a bad request must never take the runner (and its runs) down
             code, why = describe_error(exc)
-            if isinstance(exc, OSError) and exc.strerror:
-                why = clip(exc.strerror)  # the host knows the path it asked for
+            if isinstance(exc, OSError) and exc.strerror:  # not the path: the host has it
+                why = clip(exc.strerror)
             self.send(op="open_error", id=msg.get("id"), errno=code, error=why)
         finally:
             if fd >= 0:
                 os.close(fd)
 
     def send_fds(self, fds: list[int], **msg: Any) -> None:
-        data = self.encode({**msg, "fds": len(fds)})
-        if b'"fds"' not in data:  # replaced by an error: it carries no fd
-            self.send(**json.loads(data))
+        data = json.dumps({**msg, "fds": len(fds)}).encode()
+        if len(data) > MAX_SEND:  # an error about the request goes instead, without the fds
+            self.send_frame(self.too_large(msg, len(data)))
             return
         frame = HEADER.pack(len(data)) + data
         try:
@@ -758,12 +761,7 @@ def main() -> None:
     try:
         runner.serve()
     finally:  # even on a bug here: leave nothing of any run alive
-        for run in list(runner.runs.values()):
-            for pid in [run.pid, *run.members]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        runner.kill_all()
 
 
 if __name__ == "__main__":

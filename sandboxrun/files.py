@@ -205,7 +205,7 @@ class SandboxFiles:
             if self.supervisor is not None:
                 self.supervisor.probe(deep=True)  # stopped while nobody waited: replaced first
                 if self.supervisor.dead:
-                    await self._revive()
+                    await self._revive()  # (a fresh one, or none: the host's view below)
             if self.supervisor is not None:
                 if target.rel is not None:
                     fd = (

@@ -24,13 +24,22 @@ class Proc:
     start: int
 
 
-def read_proc(pid: int) -> Proc | None:
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[0]`` the state, ``[1]``
+    the ppid, ``[16]`` the nice value, ``[19]`` the start time, ``[38]`` the policy), or None
+    when it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123 - hot path
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def read_proc(pid: int) -> Proc | None:
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     return Proc(pid, int(fields[1]), fields[0].decode(), int(fields[19]))
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sandboxrun.errors import BackendError
+from sandboxrun.proctree import stat_fields
 
 if TYPE_CHECKING:
     from sandboxrun.isolation import LocalPlan
@@ -130,29 +131,14 @@ def valid_message(msg: object) -> bool:
     return layers is None or (isinstance(layers, list) and all(isinstance(x, str) for x in layers))
 
 
-def _proc_state(pid: int) -> str | None:
-    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``...), None when gone, ``?``
-    when it cannot be read now (this process out of fds: never taken for "gone")."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError as exc:
-        return "?" if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM) else None
-    rest = data[data.rfind(b")") + 2 :]
-    return rest[:1].decode() if rest else None
-
-
-def _own_state(pid: int) -> tuple[bytes, bytes] | None:
-    """``/proc/<pid>/limits`` and the nice value and policy fields of its ``stat`` (anyone may
-    read both, also of a non-dumpable process), or None when they cannot be read now."""
+def _own_state(pid: int, fields: list[bytes]) -> tuple[bytes, bytes] | None:
+    """``/proc/<pid>/limits`` and the nice value and policy of its ``stat`` ``fields`` (anyone
+    may read both, also of a non-dumpable process), or None when they cannot be read now."""
     try:
         limits = Path(f"/proc/{pid}/limits").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if len(fields) < 39:
-        return None
-    return limits, fields[16] + b" " + fields[38]
+    return (limits, fields[16] + b" " + fields[38]) if len(fields) > 38 else None
 
 
 def _close_fds(fds: list[int]) -> None:
@@ -260,7 +246,8 @@ class RunnerClient:
         except OSError:
             return
         self._watch_pid = pid
-        self._watch_state = _own_state(pid)
+        fields = stat_fields(pid)
+        self._watch_state = None if fields is None else _own_state(pid, fields)
 
     def probe(self, deep: bool = False) -> None:
         """Declare the supervisor dead when its process has exited or is stopped (state ``T``
@@ -271,18 +258,18 @@ class RunnerClient:
         fd = self._watch_fd
         if fd is None or self._dead:
             return
-        if select.select([fd], [], [], 0)[0]:
+        if select.select([fd], [], [], 0)[0]:  # the pidfd: exited (a zombie too)
             self.declare_dead("the sandbox's supervisor exited")
             return
-        state = _proc_state(self._watch_pid)
-        if state in ("T", "t"):
+        fields = stat_fields(self._watch_pid)
+        if fields is None:  # unreadable now (this process out of fds): the pidfd says it lives
+            return
+        if fields[0] in (b"T", b"t"):
             self.declare_dead(
                 "the sandbox's supervisor was stopped (a command sent it SIGSTOP, or traced it)"
             )
-        elif state in (None, "Z", "X"):
-            self.declare_dead("the sandbox's supervisor exited")
         elif deep and self._watch_state is not None:
-            now = _own_state(self._watch_pid)
+            now = _own_state(self._watch_pid, fields)
             if now is not None and now != self._watch_state:
                 self.declare_dead(
                     "a command changed the sandbox's supervisor's limits or priority "
@@ -434,9 +421,9 @@ class RunnerClient:
         return FdBatch(start, start, [], False)
 
     def _fail_frame(self, head: bytes, what: str) -> bool:
-        """A frame that cannot be used: the request its head names fails alone (its fds, if
-        it had any, are dropped with every other unclaimed one). False when no request can be
-        named: the connection is lost (nobody could be told)."""
+        """A frame that cannot be used: the request its head names fails alone (the caller
+        closed the fds it came with). False when no request can be named: the connection is
+        lost (nobody could be told)."""
         found = _HEAD.match(head)
         if found is None:
             self._lose(f"the supervisor sent {what} that names no request")

@@ -425,11 +425,7 @@ class DockerBackend:
     async def exec(
         self, request: ExecRequest, facts: RunFacts
     ) -> tuple[ExecResult, BaseException | None]:
-        if self.supervisor is not None:  # stopped while nobody waited: replaced before this
-            self.supervisor.probe(deep=True)
-            self.recycle_needed = self.recycle_needed or self.supervisor.dead is not None
-        if self.recycle_needed or self._recycle_lock.locked():  # start afresh (or wait for it)
-            await self._recycle()
+        await self.revive()  # a supervisor stopped while nobody waited: replaced before this
         if self.client is None or self.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
         if self.supervisor is not None:
@@ -547,13 +543,13 @@ class DockerBackend:
             time.sleep(0.01)
 
     async def revive(self) -> None:
-        """A supervisor declared dead (it exited, was stopped, stopped answering): the
-        container is replaced now, as the next exec would (``_recycle``)."""
+        """Before a call uses the sandbox: a supervisor seen dead now (exited, stopped, its
+        limits changed: ``RunnerClient.probe``), or a container marked for it, is replaced
+        (``_recycle``; a call meanwhile waits for the one under way)."""
         if self.supervisor is not None:
             self.supervisor.probe(deep=True)
-            if self.supervisor.dead:
-                self.recycle_needed = True
-        if self.recycle_needed:
+            self.recycle_needed = self.recycle_needed or self.supervisor.dead is not None
+        if self.recycle_needed or self._recycle_lock.locked():
             await self._recycle()
 
     async def _recycle(self) -> None:

@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 import psutil
 
+from sandboxrun._runner import clip
 from sandboxrun.backends import Probe, log
 from sandboxrun.backends import systemd_config as cfg
 from sandboxrun.backends.pgroup import local_command, local_env
@@ -486,7 +487,7 @@ class SystemdScopeBackend:
         if report is not None and report.spawn_error is not None:
             errno_value = report.spawn_error.get("errno")
             exit_code = spawn_exit_code(errno_value if isinstance(errno_value, int) else 0)
-            error = str(report.spawn_error.get("error"))[:4000]  # the launcher's is shorter
+            error = clip(str(report.spawn_error.get("error")), 4000)  # the launcher's is shorter
             return "spawn_error", exit_code, error, survivors
         if report is None:
             why = f"systemd-run did not start the scope within {SPAWN_TIMEOUT_S:g} s"

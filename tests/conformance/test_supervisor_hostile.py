@@ -103,32 +103,36 @@ async def _files_bounded(sb: Sandbox) -> bytes | SandboxError:
 
 @pytest.mark.parametrize("sig", ["STOP", "TSTP"])
 async def test_a_command_cannot_freeze_its_sandbox(workspace: Path, backend: str, sig: str) -> None:
-    """The supervisor is stopped (or it ignores the stop): the exec ends within its own
-    timeout, every files call answers or raises within 5 s, the next exec succeeds, and
-    nothing of the command is left."""
+    """The command finds its supervisor and signals it; the supervisor is its sandbox's PID 1
+    on every backend (docker's container, the local backends' namespaces), so the signal
+    never arrives: the exec ends by its own timeout, files calls answer at once, the same
+    supervisor serves the next exec, and nothing of the command is left. (Where it is not
+    PID 1 and a stop does arrive: ``test_a_stopped_supervisor_that_is_not_pid_1_is_replaced``
+    and the docker ENTRYPOINT tests.)"""
     tok = "7313.25"
     script = signal_supervisor(sig) + f"echo sent; sleep {tok}"
     async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        first = supervisor_of(sb)
         began = time.monotonic()
         with anyio.fail_after(30):
             hit = await sb.exec(shell=script, timeout=3)
         took = time.monotonic() - began
-        assert took < 3 + 0.5 + 5, f"the exec took {took:.1f} s"
-        assert hit.status in ("timed_out", "sandbox_error"), hit
-        if hit.status == "sandbox_error":  # the supervisor was stopped: named as such
-            assert hit.error is not None and "supervisor was stopped" in hit.error, hit.error
         began = time.monotonic()
         with anyio.fail_after(30):
             read = await _files_bounded(sb)
-        assert time.monotonic() - began < 5, "a files call waited on a stopped supervisor"
+        read_took = time.monotonic() - began
         with anyio.fail_after(30):
             after = await sb.exec(["echo", "fresh"])
             again = await sb.read_file("hello.txt")
-        assert after.status == "completed" and after.stdout == "fresh\n", after
-        assert again == b"hello\n"
-        if hit.status == "timed_out":  # immune: the stop never reached it
-            assert read == b"hello\n"
+        same = supervisor_of(sb)
         await assert_container_clean(sb)
+    assert "hit" in hit.stdout, hit  # it found its supervisor and signalled it
+    assert hit.status == "timed_out", hit
+    assert took < 3 + 0.5 + 5, f"the exec took {took:.1f} s"
+    assert read == b"hello\n" and read_took < 5, (read, read_took)
+    assert after.status == "completed" and after.stdout == "fresh\n", after
+    assert again == b"hello\n"
+    assert first is not None and same == first, "the supervisor was replaced"
     assert wait_until(lambda: not processes_with_arg(tok), 5), "the command outlived its run"
 
 

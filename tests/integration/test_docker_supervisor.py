@@ -145,8 +145,8 @@ async def test_a_command_cannot_kill_or_stop_the_supervisor(workspace: Path, sig
 
 @pytest.fixture(scope="module")
 def entrypoint_image(engine: docker.DockerClient) -> Iterator[str]:
-    """An image whose entrypoint runs the container's command as a child: the supervisor is
-    not PID 1 there, and a command can signal it."""
+    """An image whose entrypoint runs the container's command as a child (and forks): the
+    supervisor is not PID 1 there, and a command can signal it."""
     tag = f"sandboxrun-test/entrypoint:{uuid.uuid4().hex[:8]}"
     dockerfile = (
         "ARG BASE=sandboxrun/base:0.1.0\nFROM ${BASE}\n"
@@ -255,20 +255,11 @@ def test_the_rendezvous_is_never_the_container_users_and_never_in_a_workspace(
 
 
 async def test_an_entrypoint_that_forks_still_gets_a_supervisor(
-    workspace: Path, engine: docker.DockerClient
+    workspace: Path, entrypoint_image: str
 ) -> None:
-    tag = f"sandboxrun-test/forking-entrypoint:{uuid.uuid4().hex[:8]}"
-    dockerfile = (
-        "ARG BASE=sandboxrun/base:0.1.0\nFROM ${BASE}\n"
-        'ENTRYPOINT ["/bin/sh", "-c", "\\"$@\\"; echo done", "entry"]\n'
-    )
-    engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
-    try:
-        async with Sandbox(workspace, backend="docker", image=tag) as sb:
-            result = await sb.exec(["echo", "hi"])
-            leftover = await sb.exec(shell="sleep 0.2 & echo bg")
-    finally:
-        engine.images.remove(tag, force=True)
+    async with Sandbox(workspace, backend="docker", image=entrypoint_image) as sb:
+        result = await sb.exec(["echo", "hi"])
+        leftover = await sb.exec(shell="sleep 0.2 & echo bg")
     assert result.via == "supervisor" and result.stdout == "hi\n"
     assert leftover.survivors == 0  # the entrypoint's shell is the container's, not the run's
 

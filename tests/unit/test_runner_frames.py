@@ -43,11 +43,17 @@ def holding(target: str) -> list[str]:
     return held
 
 
-async def attached(send: Callable[[socket.socket], None]) -> tuple[RunnerClient, socket.socket]:
-    ours, theirs = socket.socketpair()
-    theirs.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
+async def ready_client() -> tuple[RunnerClient, socket.socket]:
+    """A client attached to a peer that said ready: the client and the peer's end."""
+    ours, peer = socket.socketpair()
+    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
     client = RunnerClient()
     await client.attach(ours, 5)
+    return client, peer
+
+
+async def attached(send: Callable[[socket.socket], None]) -> tuple[RunnerClient, socket.socket]:
+    client, theirs = await ready_client()
     send(theirs)
     channel = client.open_channel("r1")
     await client.wait_for(lambda: channel.spawned is not None or channel.lost)
@@ -59,10 +65,7 @@ async def test_an_oversized_frame_fails_its_request_alone() -> None:
     are read and dropped, and the next frame is routed as usual."""
     big = frame({"op": "spawn_error", "id": "r1", "errno": 2, "error": "x" * (MAX_FRAME + 10)})
     after = frame({"op": "spawned", "id": "r2", "pid": 7})
-    ours, peer = socket.socketpair()
-    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
-    client = RunnerClient()
-    await client.attach(ours, 5)
+    client, peer = await ready_client()
     one, two = client.open_channel("r1"), client.open_channel("r2")
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.to_thread.run_sync, lambda: peer.sendall(big + after))
@@ -134,10 +137,7 @@ async def test_a_malformed_frame_fails_the_request_it_names_alone(payload: bytes
 
 
 async def test_an_open_reply_without_its_fd_fails_that_open_alone() -> None:
-    ours, peer = socket.socketpair()
-    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
-    client = RunnerClient()
-    await client.attach(ours, 5)
+    client, peer = await ready_client()
 
     def answer() -> None:
         head = peer.recv(4)
@@ -161,10 +161,7 @@ async def test_an_open_nobody_answers_fails_within_its_deadline(
     """A supervisor that reads requests and never answers: the call fails at its deadline,
     and a slow supervisor is not declared dead for it."""
     monkeypatch.setattr("sandboxrun.runner_client.REQUEST_TIMEOUT_S", 0.3)
-    ours, peer = socket.socketpair()
-    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
-    client = RunnerClient()
-    await client.attach(ours, 5)
+    client, peer = await ready_client()
     with anyio.fail_after(5), pytest.raises(BackendError) as caught:
         await client.open_path("f", os.O_RDONLY)
     assert "did not answer" in str(caught.value)
@@ -177,10 +174,7 @@ async def test_a_stopped_supervisor_is_declared_dead_and_killed() -> None:
     """The probe: the watched process is stopped (SIGSTOP): a waiting call is released with
     the reason at once, and the process is killed."""
     proc = subprocess.Popen(["sleep", "60"])
-    ours, peer = socket.socketpair()
-    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
-    client = RunnerClient()
-    await client.attach(ours, 5)
+    client, peer = await ready_client()
     client.watch(proc.pid)
     channel = client.open_channel("r1")
     os.kill(proc.pid, signal.SIGSTOP)
@@ -206,15 +200,39 @@ def test_the_supervisor_clips_every_string_it_sends() -> None:
     assert len(frame({"op": "x", "error": text})) < MAX_SEND
 
 
-def test_the_supervisor_never_builds_a_frame_over_its_bound() -> None:
+def test_the_supervisor_never_sends_a_frame_over_its_bound() -> None:
+    """A reply over ``MAX_SEND`` (with an fd or without) goes as an ``error`` of its request,
+    without the fd; a small one as it is, with its fd."""
     from sandboxrun._runner import MAX_SEND, Runner
 
-    data = Runner.encode({"op": "opened", "id": "open-1", "kind": "y" * (MAX_SEND * 2)})
-    assert len(data) <= MAX_SEND
-    msg = json.loads(data)
-    assert msg["op"] == "error" and msg["id"] == "open-1" and msg["about"] == "opened"
-    small = {"op": "spawned", "id": "r1", "pid": 3}
-    assert json.loads(Runner.encode(small)) == small
+    ours, theirs = socket.socketpair()
+    runner = Runner(theirs)
+    r, w = os.pipe()
+    try:
+        runner.send(op="opened", id="open-1", kind="y" * (MAX_SEND * 2))
+        runner.send_fds([r], op="opened", id="open-2", kind="z" * (MAX_SEND * 2))
+        runner.send_fds([r], op="opened", id="open-3", kind="file", size=1)
+        got: list[dict[str, object]] = []
+        ours.settimeout(5)
+        buf, fds = b"", list[int]()
+        while len(got) < 3:
+            data, more, _, _ = socket.recv_fds(ours, 1 << 17, 4)
+            buf, fds = buf + data, fds + more
+            while len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]:
+                size = HEADER.unpack_from(buf)[0]
+                assert size <= MAX_SEND
+                got.append(json.loads(buf[4 : 4 + size]))
+                buf = buf[4 + size :]
+        for item, rid in zip(got[:2], ("open-1", "open-2"), strict=True):
+            assert item["op"] == "error" and item["id"] == rid and item["about"] == "opened"
+        assert got[2] == {"op": "opened", "id": "open-3", "kind": "file", "size": 1, "fds": 1}
+        assert len(fds) == 1  # only the small reply's fd travelled
+        os.close(fds[0])
+    finally:
+        ours.close()
+        theirs.close()
+        os.close(r)
+        os.close(w)
 
 
 async def test_fds_are_claimed_only_as_named_and_never_leaked() -> None:
@@ -265,10 +283,7 @@ async def test_a_request_a_stopped_supervisor_does_not_read_ends_at_once() -> No
     """A large request (a spawn's megabyte of argv) to a supervisor that does not read: the
     send probes it while the socket is full, and a stopped one is declared dead at once."""
     proc = subprocess.Popen(["sleep", "60"])
-    ours, peer = socket.socketpair()
-    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
-    client = RunnerClient()
-    await client.attach(ours, 5)
+    client, peer = await ready_client()
     client.watch(proc.pid)
     os.kill(proc.pid, signal.SIGSTOP)
     with anyio.fail_after(5), pytest.raises(BackendError) as caught:
@@ -282,10 +297,7 @@ async def test_a_request_a_stopped_supervisor_does_not_read_ends_at_once() -> No
 async def test_a_bad_reply_never_takes_or_drops_a_neighbours_fd(tmp_path: object) -> None:
     """A malformed reply to one open, then a good reply with its fd to another, in one
     receive: the first open fails alone, the second gets exactly its own file."""
-    ours, peer = socket.socketpair()
-    peer.sendall(frame({"op": "ready", "pid": 1, "layers": [], "ns": {}}))
-    client = RunnerClient()
-    await client.attach(ours, 5)
+    client, peer = await ready_client()
     client._opens.update({"open-1": None, "open-2": None})
     r, w = os.pipe()
     pipe = os.readlink(f"/proc/self/fd/{r}")
