@@ -67,9 +67,9 @@ from _common import (
 from docker import DockerClient
 
 from sandboxrun import ExecResult, Limits, Sandbox
-from sandboxrun.argv import wrapped_argv
 from sandboxrun.backends import supervised
-from sandboxrun.backends.docker import DockerBackend
+from sandboxrun.backends.docker.backend import DockerBackend
+from sandboxrun.engine.argv import wrapped_argv
 
 P50_TARGET_MS = 3.0
 SPEEDUP_TARGET = 25.0

@@ -47,8 +47,9 @@ from _common import (
 )
 from docker import DockerClient
 
-from sandboxrun import Limits, Sandbox, dockerapi
-from sandboxrun.backends.docker import DockerBackend
+from sandboxrun import Limits, Sandbox
+from sandboxrun.backends.docker import api as dockerapi
+from sandboxrun.backends.docker.backend import DockerBackend
 
 RATIO_TARGET = 1.2
 BENCH = "docker_start"

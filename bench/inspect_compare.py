@@ -49,8 +49,8 @@ from inspect_ai.util._sandbox.events import SandboxEnvironmentProxy
 from inspect_ai.util._sandbox.local import LocalSandboxEnvironment
 from inspect_ai.util._subprocess import subprocess as inspect_subprocess
 
-from sandboxrun.inspect_config import SandboxrunConfig
-from sandboxrun.inspect_sandbox import SandboxrunSandboxEnvironment
+from sandboxrun.integrations.inspect.config import SandboxrunConfig
+from sandboxrun.integrations.inspect.sandbox import SandboxrunSandboxEnvironment
 
 IMAGE = "sandboxrun/base:latest"
 TIMEOUT = 2

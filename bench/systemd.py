@@ -29,8 +29,8 @@ from _common import (
 )
 
 from sandboxrun import Limits, Sandbox
-from sandboxrun.backends import probe
-from sandboxrun.backends.systemd import manager_env, manager_mode
+from sandboxrun.backends.registry import probe
+from sandboxrun.backends.systemd.backend import manager_env, manager_mode
 
 BLOCK = 10
 WARMUP = 5

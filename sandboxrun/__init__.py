@@ -9,6 +9,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sandboxrun.api.files import DirEntry
+    from sandboxrun.api.jobs import Job, JobChunk, JobLines
+    from sandboxrun.api.sandbox import Sandbox, run
     from sandboxrun.errors import (
         BackendError,
         ConfigError,
@@ -26,10 +29,8 @@ if TYPE_CHECKING:
         SandboxUnavailableError,
         WorkspaceError,
     )
-    from sandboxrun.files import DirEntry
-    from sandboxrun.jobs import Job, JobChunk, JobLines
+    from sandboxrun.integrations.blocking import BlockingJob, BlockingSandbox
     from sandboxrun.models import Denial, ExecResult, Limits, Policy
-    from sandboxrun.sandbox import Sandbox, run
 
 __version__ = "0.1.0"
 
@@ -49,16 +50,18 @@ _LAZY = {
     "SandboxrunError": "sandboxrun.errors",
     "SandboxUnavailableError": "sandboxrun.errors",
     "WorkspaceError": "sandboxrun.errors",
-    "DirEntry": "sandboxrun.files",
-    "Job": "sandboxrun.jobs",
-    "JobChunk": "sandboxrun.jobs",
-    "JobLines": "sandboxrun.jobs",
+    "BlockingJob": "sandboxrun.integrations.blocking",
+    "BlockingSandbox": "sandboxrun.integrations.blocking",
+    "DirEntry": "sandboxrun.api.files",
+    "Job": "sandboxrun.api.jobs",
+    "JobChunk": "sandboxrun.api.jobs",
+    "JobLines": "sandboxrun.api.jobs",
     "Denial": "sandboxrun.models",
     "ExecResult": "sandboxrun.models",
     "Limits": "sandboxrun.models",
     "Policy": "sandboxrun.models",
-    "Sandbox": "sandboxrun.sandbox",
-    "run": "sandboxrun.sandbox",
+    "Sandbox": "sandboxrun.api.sandbox",
+    "run": "sandboxrun.api.sandbox",
 }
 """Where each public name lives: imported on first use (PEP 562), so that ``import sandboxrun``
 and the CLI's start-up do not pay for pydantic, anyio and the docker SDK (bench/cli_startup.py)."""
@@ -79,6 +82,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BackendError",
+    "BlockingJob",
+    "BlockingSandbox",
     "ConfigError",
     "Denial",
     "DirEntry",

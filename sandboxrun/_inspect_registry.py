@@ -1,9 +1,6 @@
-"""inspect_ai entry point: registers the ``sandboxrun`` sandbox environment. See docs/inspect.md.
+"""Kept for installs whose ``inspect_ai`` entry point still names this module (an editable
+install from before the move): it is ``sandboxrun.integrations.inspect.registry``."""
 
-inspect imports this module (``[project.entry-points.inspect_ai]``) when it loads its plugins;
-nothing else should: importing it imports inspect_ai.
-"""
-
-from sandboxrun.inspect_sandbox import SandboxrunSandboxEnvironment
+from sandboxrun.integrations.inspect.registry import SandboxrunSandboxEnvironment
 
 __all__ = ["SandboxrunSandboxEnvironment"]

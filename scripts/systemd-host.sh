@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=sandboxrun/systemd-host:test
-suite=$(.venv/bin/python -c 'from sandboxrun.images import host_source; print(host_source()[1])')
+suite=$(.venv/bin/python -c 'from sandboxrun.image.build import host_source; print(host_source()[1])')
 base=sandboxrun/bootstrap:$suite
 setup_failed() { echo "systemd test host: $1" >&2; exit 3; }  # 3: could not set up, no test ran
 docker image inspect "$base" >/dev/null 2>&1 || .venv/bin/sandboxrun image bootstrap >/dev/null \

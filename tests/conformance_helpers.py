@@ -8,7 +8,7 @@ import anyio.to_thread
 import docker.errors
 
 from sandboxrun import Sandbox
-from sandboxrun.backends.docker import DockerBackend
+from sandboxrun.backends.docker.backend import DockerBackend
 
 
 def container_processes(backend: DockerBackend) -> list[str]:
@@ -52,8 +52,8 @@ def assert_scope_gone(backend: str, run_id: str) -> None:
         return
     from helpers import wait_until
 
-    from sandboxrun.backends import systemd_config as cfg
-    from sandboxrun.backends.systemd import unit_active
+    from sandboxrun.backends.systemd import config as cfg
+    from sandboxrun.backends.systemd.backend import unit_active
 
     unit = cfg.unit_name(run_id)
     assert wait_until(lambda: not unit_active(unit), 5), f"unit of run {run_id} is still active"

@@ -42,8 +42,8 @@ def no_leaked_containers() -> Iterator[None]:
     are not ours to judge)."""
     started = time.time() - 1
     yield
-    from sandboxrun import dockerapi
-    from sandboxrun.housekeeping import owner_alive
+    from sandboxrun.backends.docker import api as dockerapi
+    from sandboxrun.backends.housekeeping import owner_alive
 
     try:
         client = dockerapi.connect(10)  # checks the socket first (docker-py would leak one)

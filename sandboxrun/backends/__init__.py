@@ -1,178 +1,42 @@
-"""Backends: the ``Backend`` contract, the registry, and the probe + fallback chain.
+"""Backends: how a sandbox is made. The contract is ``base``, the probe + fallback chain and
+creation are ``registry``; ``local/``, ``systemd/`` and ``docker/`` implement it, over the
+supervisor client (``client``, ``supervised``).
 
 ``auto`` probes docker -> systemd-scope -> process-group and takes the first one that can give
 every guarantee asked for, recording why the better ones were not used; where none can, the run
 is refused unless the caller opted into less (``allow_degraded``). An explicitly named backend
 never falls back, and follows the same rule.
+
+The names below resolve on first use (PEP 562): importing this package imports no backend.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import Protocol
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from sandboxrun.errors import ConfigError, PolicyRefusedError, SandboxUnavailableError
-from sandboxrun.isolation import HostSupport
-from sandboxrun.models import BackendName, ExecResult, Limits, Policy, required_guarantees
-from sandboxrun.paths import Workspace
-from sandboxrun.process import RunFacts
-from sandboxrun.spec import ExecRequest
+if TYPE_CHECKING:
+    from sandboxrun.backends.base import Backend, Context, Probe
+    from sandboxrun.backends.registry import ORDER, check_name, create, probe, select
 
-log = logging.getLogger("sandboxrun")
+_LAZY = {
+    "Backend": "sandboxrun.backends.base",
+    "Context": "sandboxrun.backends.base",
+    "Probe": "sandboxrun.backends.base",
+    "ORDER": "sandboxrun.backends.registry",
+    "check_name": "sandboxrun.backends.registry",
+    "create": "sandboxrun.backends.registry",
+    "probe": "sandboxrun.backends.registry",
+    "select": "sandboxrun.backends.registry",
+}
 
-ORDER: tuple[BackendName, ...] = ("docker", "systemd-scope", "process-group")
-
-
-@dataclass(frozen=True)
-class Probe:
-    backend: BackendName
-    available: bool
-    reason: str | None
-    """Why it is unavailable (None when available)."""
-    isolation: tuple[str, ...]
-    """The guarantees this backend can give, by ``ExecResult.isolation`` names."""
-    support: HostSupport | None = None
-    """For the local backends: what this host's isolation layer can give, and why not."""
+__all__ = ["ORDER", "Backend", "Context", "Probe", "check_name", "create", "probe", "select"]
 
 
-class Backend(Protocol):
-    """One way to run commands. Opened once per ``Sandbox``, then many ``exec`` calls."""
-
-    name: BackendName
-
-    async def open(self) -> None:
-        """Acquire what the backend needs. A failure releases whatever was acquired."""
-
-    def command(self, request: ExecRequest) -> list[str]:
-        """The argv of the command itself as this backend spawns it (``ExecResult.argv``)."""
-
-    def describe(self, request: ExecRequest) -> list[str]:
-        """The whole argv that would run ``request`` (``--dry-run``), secrets redacted."""
-
-    def isolation(self, request: ExecRequest) -> list[str]:
-        """The guarantees that would really be enforced for ``request``."""
-
-    def check_request(self, request: ExecRequest) -> None:
-        """Raise an ``InputError`` when this backend cannot carry ``request`` exactly (e.g. bytes
-        that are not UTF-8 through docker's JSON API). Called before anything runs."""
-
-    async def exec(
-        self, request: ExecRequest, facts: RunFacts
-    ) -> tuple[ExecResult, BaseException | None]:
-        """Run one command to its end and return its result. A non-zero exit is data. When the
-        caller's scope was cancelled, cleanup is done first and the cancellation exception is
-        returned beside the (``cancelled``) result for the caller to re-raise."""
-
-    async def close(self) -> None:
-        """Release everything; bounded, safe to call twice."""
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a backend is created for: one sandbox's workspace, policy, limits and options."""
-
-    workspace: Workspace
-    policy: Policy
-    limits: Limits
-    image: str | None = None
-    user: str | None = None
-    path_prepend: tuple[str, ...] = ()
-
-
-def probe(name: BackendName, image: str | None = None, policy: Policy | None = None) -> Probe:
-    """Whether ``name`` can run here, and what it gives (under ``policy``: the local
-    backends' isolation layer depends on it)."""
-    if name == "process-group":
-        from sandboxrun.backends.pgroup import probe_pgroup
-
-        return probe_pgroup(policy)
-    if name == "docker":
-        from sandboxrun.backends.docker import probe_docker
-        from sandboxrun.images import BASE_IMAGE
-
-        return probe_docker(image or BASE_IMAGE)
-    from sandboxrun.backends.systemd import probe_systemd
-
-    return probe_systemd(policy)
-
-
-def missing_for(result: Probe, ctx: Context) -> list[str]:
-    """The guarantees ``ctx`` asks for that the probed backend cannot give."""
-    return [g for g in required_guarantees(ctx.policy, ctx.limits) if g not in result.isolation]
-
-
-def refusal(result: Probe, ctx: Context, missing: list[str]) -> PolicyRefusedError:
-    why = result.support.why_not(missing) if result.support is not None else None
-    return PolicyRefusedError(result.backend, missing, why or None, strict=ctx.policy.strict)
-
-
-def create(name: BackendName, ctx: Context) -> Backend:
-    if name == "process-group":
-        from sandboxrun.backends.pgroup import ProcessGroupBackend
-
-        return ProcessGroupBackend(
-            ctx.limits.grace_s, ctx.policy, ctx.workspace.root, ctx.path_prepend
-        )
-    if name == "docker":
-        from sandboxrun.backends.docker import DockerBackend
-
-        return DockerBackend(ctx.workspace, ctx.policy, ctx.limits, ctx.image, ctx.user)
-    if name == "systemd-scope":
-        from sandboxrun.backends.systemd import SystemdScopeBackend
-
-        return SystemdScopeBackend(
-            limits=ctx.limits,
-            policy=ctx.policy,
-            workspace=ctx.workspace.root,
-            tools=ctx.path_prepend,
-        )
-    raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
-
-
-def check_name(requested: str) -> BackendName:
-    for name in ORDER:
-        if name == requested:
-            return name
-    raise ConfigError(f"unknown backend {requested!r}: expected auto, {', '.join(ORDER)}")
-
-
-def select(requested: str, ctx: Context) -> tuple[Backend, str | None]:
-    """The backend to use and, under ``auto``, why better ones were skipped (else None).
-
-    Fail closed: a backend that cannot give every guarantee the policy and limits ask for is
-    used only with ``allow_degraded`` (never under ``strict``); ``auto`` takes the first that
-    gives them all, else (with ``allow_degraded``) the first available one, else refuses
-    (``PolicyRefusedError``) naming what this host cannot give."""
-    degraded_ok = ctx.policy.allow_degraded and not ctx.policy.strict
-    if requested != "auto":
-        name = check_name(requested)
-        result = probe(name, ctx.image, ctx.policy)
-        if not result.available:
-            raise SandboxUnavailableError(name, result.reason or "unavailable")
-        missing = missing_for(result, ctx)
-        if missing and not degraded_ok:
-            raise refusal(result, ctx, missing)
-        return create(name, ctx), None
-    skipped: list[str] = []
-    first: tuple[Probe, list[str]] | None = None
-    for name in ORDER:
-        result = probe(name, ctx.image, ctx.policy)
-        if not result.available:
-            skipped.append(f"{name}: {result.reason}")
-            continue
-        missing = missing_for(result, ctx)
-        if not missing:
-            reason = "; ".join(skipped) or None
-            if reason:
-                log.warning("sandboxrun: falling back to %s: %s", name, reason)
-            return create(name, ctx), reason
-        skipped.append(f"{name}: cannot enforce {', '.join(missing)}")
-        first = first or (result, missing)
-    if first is None:
-        raise SandboxUnavailableError("auto", "; ".join(skipped))
-    if not degraded_ok:
-        raise refusal(first[0], ctx, first[1])
-    reason = "; ".join(skipped)
-    log.warning("sandboxrun: falling back to %s, degraded: %s", first[0].backend, reason)
-    return create(first[0].backend, ctx), reason
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sandboxrun.backends' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,4 +1,5 @@
-"""One command under a sandbox's supervisor (``sandboxrun/_runner.py``), for every backend that
+"""One command under a sandbox's supervisor (``sandboxrun/supervisor/runner.py``), for every
+backend that
 has one: process-group (on the host, inside the sandbox's namespaces) and docker (inside the
 container). The host makes the run's pipes, passes their far ends with the spawn (SCM_RIGHTS),
 and reads the output straight into its captures; the supervisor ``execve``s, reports the exact
@@ -22,12 +23,11 @@ import anyio
 import anyio.to_thread
 import psutil
 
-from sandboxrun._runner import clip
-from sandboxrun.capture import StreamCapture
-from sandboxrun.errors import BackendError
-from sandboxrun.models import ExecResult
-from sandboxrun.pipes import FdPump, StdinFeed, output_pipe
-from sandboxrun.process import (
+from sandboxrun.backends.client import Channel, RunnerClient
+from sandboxrun.engine.capture.pipes import FdPump, StdinFeed, output_pipe
+from sandboxrun.engine.capture.stream import StreamCapture
+from sandboxrun.engine.request import ExecRequest
+from sandboxrun.engine.supervise import (
     KILL_BUDGET_S,
     RunFacts,
     Termination,
@@ -37,9 +37,10 @@ from sandboxrun.process import (
     sandbox_error_result,
     supervise_request,
 )
-from sandboxrun.proctree import MARKER_VAR
-from sandboxrun.runner_client import Channel, RunnerClient
-from sandboxrun.spec import ExecRequest
+from sandboxrun.errors import BackendError
+from sandboxrun.models import ExecResult
+from sandboxrun.supervisor.procfs import MARKER_VAR
+from sandboxrun.supervisor.runner import clip
 
 SPAWN_TIMEOUT_S = 10.0
 ANSWER_MARGIN_S = 5.0

@@ -15,45 +15,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-    help="Run untrusted commands against a workspace with OS-level isolation.",
-)
+from sandboxrun.cli import admin, app, image, run  # registers the commands on cli.app
 
-
-def _print_version(value: bool) -> None:
-    if value:
-        from sandboxrun import __version__
-
-        sys.stdout.write(f"sandboxrun {__version__}\n")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            is_eager=True,
-            callback=_print_version,
-            help="print the version (sandboxrun X.Y.Z) and exit",
-        ),
-    ] = False,
-) -> None:
-    """Run untrusted commands against a workspace with OS-level isolation."""
-
-
-from sandboxrun.cli import admin, image, run  # noqa: E402  (registers the commands)
-
-__all__ = ["admin", "app", "image", "main", "run"]
+__all__ = ["admin", "image", "main", "run"]
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:
@@ -122,7 +90,7 @@ def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
     use_secrets(assignments_in(argv))  # until `run` knows its -e values: click's errors too
     try:
-        code = app(args=argv, prog_name="sandboxrun", standalone_mode=False)
+        code = app.app(args=argv, prog_name="sandboxrun", standalone_mode=False)
     except _click_errors() as exc:
         code = _command_line_error(exc, argv)
     except typer.Abort:

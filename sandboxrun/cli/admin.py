@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sandboxrun.cli import app
+from sandboxrun.cli.app import app
 from sandboxrun.cli.report import EXIT_USAGE, fail, say
 from sandboxrun.errors import BackendError, ConfigError, SandboxUnavailableError
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def layer_rows() -> list[dict[str, object]]:
     """The local isolation layer, part by part: given here or not, why, and how to get it."""
-    from sandboxrun.isolation import NAMESPACE_LAYERS, probe_host
+    from sandboxrun.backends.local.isolation import NAMESPACE_LAYERS, probe_host
 
     support = probe_host()
     ns = ", ".join(("network-none", *NAMESPACE_LAYERS))
@@ -95,7 +95,7 @@ def _problem(line: str) -> None:
 
 def _engine(verbose: bool) -> DockerClient | None:
     """The engine's client, or None when there is none (said only with ``-v``)."""
-    from sandboxrun import dockerapi
+    from sandboxrun.backends.docker import api as dockerapi
 
     try:
         return dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
@@ -107,8 +107,8 @@ def _engine(verbose: bool) -> DockerClient | None:
 
 def _ps_rows(verbose: bool) -> tuple[list[dict[str, object]], bool]:
     """The rows of ``ps --json``, and whether an available backend failed (said on stderr)."""
-    from sandboxrun import housekeeping
-    from sandboxrun.backends import probe
+    from sandboxrun.backends import housekeeping
+    from sandboxrun.backends.registry import probe
 
     rows: list[dict[str, object]] = []
     failed = False
@@ -176,7 +176,7 @@ def ps(
 
 def _clean_spill(root: Path, older_than: str | None, max_total: str | None) -> str:
     from sandboxrun.cli.admin_text import spill_line
-    from sandboxrun.spill_prune import caps_from_env, parse_age, parse_total, prune
+    from sandboxrun.engine.capture.prune import caps_from_env, parse_age, parse_total, prune
     from sandboxrun.units import format_duration, format_size
 
     caps = caps_from_env()
@@ -236,9 +236,9 @@ def clean(
     prune the spill root to its caps (the files of open sandboxes are never touched). An
     unavailable backend is skipped silently (said with -v); an available one that fails is
     said on stderr and the exit status is 1."""
-    from sandboxrun import housekeeping
-    from sandboxrun.backends import probe
-    from sandboxrun.spill import default_spill_root
+    from sandboxrun.backends import housekeeping
+    from sandboxrun.backends.registry import probe
+    from sandboxrun.engine.capture.spill import default_spill_root
 
     failed = False
     try:

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sandboxrun.cli import app
+from sandboxrun.cli.app import app
 from sandboxrun.cli.report import EXIT_SANDBOX, EXIT_USAGE, fail
 from sandboxrun.errors import BackendError, InputError, SandboxUnavailableError
 
 if TYPE_CHECKING:
-    from sandboxrun.image_progress import Display
-    from sandboxrun.images import ImageResult
+    from sandboxrun.image.build import ImageResult
+    from sandboxrun.image.progress import Display
 
 image_app = typer.Typer(no_args_is_help=True, help="Build sandbox images (offline too).")
 app.add_typer(image_app, name="image")
@@ -56,8 +56,8 @@ def image_bootstrap(
 ) -> None:
     """Debootstrap Debian from the host's apt sources and import it as
     sandboxrun/bootstrap:<suite> (no registry needed; root and debootstrap are)."""
-    from sandboxrun import images
-    from sandboxrun.image_progress import Display
+    from sandboxrun.image import build as images
+    from sandboxrun.image.progress import Display
 
     with Display("image bootstrap", verbose=verbose) as display:
         try:
@@ -101,8 +101,8 @@ def image_build(
     """Build images/base as sandboxrun/base:<version> and :latest, with BuildKit where docker
     buildx is installed, else the legacy builder. Reuses the image when its recorded base (ref
     and id) and build context are unchanged."""
-    from sandboxrun import images
-    from sandboxrun.image_progress import Display
+    from sandboxrun.image import build as images
+    from sandboxrun.image.progress import Display
 
     with Display("image build", verbose=verbose) as display:
         try:

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sandboxrun.redact import Redactor, redactor_of, secret_pairs
-from sandboxrun.sanitize import clean_text, escape_json_controls
+from sandboxrun.engine.capture.redact import Redactor, redactor_of, secret_pairs
+from sandboxrun.engine.sanitize import clean_text, escape_json_controls
 from sandboxrun.units import format_duration, format_size
 
 if TYPE_CHECKING:
+    from sandboxrun.cli.terminal import StreamStats
     from sandboxrun.models import ExecResult
-    from sandboxrun.terminal import StreamStats
 
 EXIT_USAGE = 2
 EXIT_SANDBOX = 125

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from sandboxrun.argv import quote_argv
-from sandboxrun.cli import app
+from sandboxrun.cli.app import app
 from sandboxrun.cli.options import check_run_limits, option_named
 from sandboxrun.cli.report import (
     EXIT_CANCELLED,
@@ -30,7 +29,8 @@ from sandboxrun.cli.report import (
     use_secrets,
     write_out,
 )
-from sandboxrun.env import parse_env_assignment
+from sandboxrun.engine.argv import quote_argv
+from sandboxrun.engine.env import parse_env_assignment
 from sandboxrun.errors import (
     BackendError,
     InputError,
@@ -40,9 +40,9 @@ from sandboxrun.errors import (
 )
 
 if TYPE_CHECKING:
+    from sandboxrun.api.sandbox import Sandbox
+    from sandboxrun.engine.request import ExecRequest
     from sandboxrun.models import ExecResult, Policy
-    from sandboxrun.sandbox import Sandbox
-    from sandboxrun.spec import ExecRequest
 
 OPTION_OF = {
     "timeout_s": "--timeout",
@@ -72,7 +72,7 @@ def ask_to_escalate(current: Policy, wider: Policy) -> bool:
     """``--ask``: on a terminal (stdin and stderr both), ask on stderr whether to re-run under
     ``wider`` and read the answer from stdin (the command's stdin is /dev/null unless ``-i``);
     without one never ask: say so and answer no."""
-    from sandboxrun.denial import describe_change
+    from sandboxrun.engine.denial import describe_change
 
     change = describe_change(current, wider)
     if not (_is_tty(0) and _is_tty(2)):
@@ -93,7 +93,7 @@ async def _execute(sb: Sandbox, request: ExecRequest, interactive: bool) -> Exec
     import anyio
 
     from sandboxrun.cli.stdin_feed import forward_stdin
-    from sandboxrun.spec import StdinStream
+    from sandboxrun.engine.request import StdinStream
 
     result: ExecResult | None = None
     error: SandboxrunError | None = None
@@ -440,9 +440,9 @@ def run(
     try:
         import anyio
 
+        from sandboxrun.api.sandbox import Sandbox
+        from sandboxrun.cli.terminal import LiveWriter
         from sandboxrun.models import Limits, Policy
-        from sandboxrun.sandbox import Sandbox
-        from sandboxrun.terminal import LiveWriter
 
         explicit = dict(parse_env_assignment(item) for item in env or [])
         use_secrets(None if no_mask else explicit)  # everything said from now on is masked

@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sandboxrun.spec import StdinStream
+    from sandboxrun.engine.request import StdinStream
 
 CHUNK = 64 * 1024
 

@@ -39,7 +39,7 @@ async def test_docker_without_exec_cgroups_kills_nothing_else(
 ) -> None:
     """Where the container's cgroup is not writable (a non-root invoker) docker execs are told
     apart by their markers: an exec still being started belongs to nobody yet."""
-    from sandboxrun.backends import docker_cgroup
+    from sandboxrun.backends.docker import cgroup as docker_cgroup
 
     require_backend("docker")
     monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
@@ -174,7 +174,7 @@ async def test_docker_env_cleared_main_process_is_still_its_runs(
     running neighbour is still found (by its exec pid) and killed, with its child."""
     from helpers import processes_with_arg
 
-    from sandboxrun.backends import docker_cgroup
+    from sandboxrun.backends.docker import cgroup as docker_cgroup
 
     docker_or_skip()
     monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
@@ -195,7 +195,7 @@ async def test_docker_env_cleared_main_process_is_still_its_runs(
 async def test_docker_recycle_waits_for_running_neighbours(workspace: Path) -> None:
     """A recycle (after an unkillable leftover or a dead container) replaces the container
     once, after the execs still running in it have ended: they are not cut off."""
-    from sandboxrun.backends.docker import DockerBackend
+    from sandboxrun.backends.docker.backend import DockerBackend
 
     docker_or_skip()
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
@@ -251,7 +251,7 @@ async def test_docker_without_exec_cgroups_timeout_before_start_still_kills(
 ) -> None:
     """Without exec cgroups termination waits until the engine has the exec's pid (it says
     ``Running`` before the runtime has started the process)."""
-    from sandboxrun.backends import docker_cgroup
+    from sandboxrun.backends.docker import cgroup as docker_cgroup
 
     docker_or_skip()
     monkeypatch.setattr(docker_cgroup, "unified_dir", lambda pid, cid: None)
@@ -277,7 +277,7 @@ async def test_docker_exec_cannot_leave_its_cgroup_and_none_is_left(workspace: P
     """A command (uid 0 when the invoker is root) tries to move itself into every cgroup it can
     see, then ignores TERM: it cannot move (cgroupfs is read-only in the container), its run
     still ends on time with nothing left, and no run cgroup is left on the host."""
-    from sandboxrun.backends.docker import DockerBackend
+    from sandboxrun.backends.docker.backend import DockerBackend
 
     require_backend("docker")
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:

@@ -14,7 +14,7 @@ from conformance_helpers import assert_container_clean, assert_scope_gone
 from helpers import assert_nothing_left, processes_with_arg
 
 from sandboxrun import Job, Limits, Sandbox
-from sandboxrun.paths import CONTAINER_ROOT
+from sandboxrun.engine.paths import CONTAINER_ROOT
 
 pytestmark = pytest.mark.anyio
 

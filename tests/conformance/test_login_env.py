@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from sandboxrun import Limits, Policy, Sandbox
-from sandboxrun.paths import CONTAINER_ROOT
+from sandboxrun.engine.paths import CONTAINER_ROOT
 
 pytestmark = pytest.mark.anyio
 

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.anyio
 FAST = Limits(grace_s=0.5, drain_s=0.5)
 
 FIND_SUPERVISOR = (
-    "ours() { tr '\\0' ' ' < /proc/$1/cmdline | grep -q -e 'import runner' -e '_runner.py'; }; "
+    "ours() { tr '\\0' ' ' < /proc/$1/cmdline "
+    "| grep -q -e 'import runner' -e 'supervisor/runner.py'; }; "
     'p=$$; found=; while [ "$p" -gt 1 ]; do '
     "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); "
     "if ours $p; then found=$p; break; fi; done; "
@@ -36,7 +37,8 @@ FIND_SUPERVISOR = (
     'if [ -n "$found" ]; then p=$found; ACTION && echo hit $p; fi; '
 )
 """Act on the command's supervisor: the nearest ancestor whose command line is the
-supervisor's (docker's boot code imports ``runner``; the local backends run ``_runner.py``),
+supervisor's (docker's boot code imports ``runner``; the local backends run
+``supervisor/runner.py``),
 else PID 1 when it is (systemd-scope's holder: a run joins its namespaces from outside, so
 its parent is not in them). Never another sandbox's."""
 
@@ -256,7 +258,7 @@ async def test_a_stopped_supervisor_that_is_not_pid_1_is_replaced(
     """Without bubblewrap (``--allow-degraded``) the process-group runner is no namespace's
     init, and a command can stop it: the host sees it stopped (``/proc``), kills it and what
     it ran, the exec is a ``sandbox_error`` that says so, and the next call gets a fresh one."""
-    from sandboxrun.isolation import probe_host
+    from sandboxrun.backends.local.isolation import probe_host
 
     monkeypatch.setenv("SANDBOXRUN_BWRAP", "")
     probe_host.cache_clear()  # cached for the process: probed again without bubblewrap

@@ -470,7 +470,7 @@ def test_run_help_documents_every_option() -> None:
 def containers_created_by(pid: int, since: float) -> list[str]:
     """Containers the process ``pid`` created since ``since`` (the engine's events, filtered
     by sandboxrun's owner label: other sessions' containers do not count)."""
-    from sandboxrun import dockerapi
+    from sandboxrun.backends.docker import api as dockerapi
 
     client = dockerapi.connect(10)
     try:

@@ -34,7 +34,7 @@ from conformance_helpers import assert_container_clean
 from helpers import require_backend, wait_until
 
 from sandboxrun import ConfigError, Limits, Policy, Sandbox, WorkspaceError
-from sandboxrun.backends.docker import DockerBackend
+from sandboxrun.backends.docker.backend import DockerBackend
 from sandboxrun.models import ExecResult
 
 pytestmark = pytest.mark.anyio

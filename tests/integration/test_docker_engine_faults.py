@@ -23,9 +23,9 @@ from engine_proxy import EngineProxy, real_engine_socket
 from helpers import require_backend
 
 from sandboxrun import Limits, PolicyRefusedError, Sandbox
-from sandboxrun.backends import docker as docker_backend
-from sandboxrun.backends import docker_cgroup
-from sandboxrun.backends.docker import DockerBackend
+from sandboxrun.backends.docker import backend as docker_backend
+from sandboxrun.backends.docker import cgroup as docker_cgroup
+from sandboxrun.backends.docker.backend import DockerBackend
 from sandboxrun.models import Policy
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import docker
 import pytest
 from helpers import require_backend, wait_until
 
-from sandboxrun.images import BASE_IMAGE
+from sandboxrun.backends.docker.config import BASE_IMAGE
 
 CLI = [sys.executable, "-m", "sandboxrun"]
 

@@ -14,7 +14,7 @@ import pytest
 from helpers import require_backend
 
 from sandboxrun import Policy, Sandbox
-from sandboxrun.backends.docker import DockerBackend
+from sandboxrun.backends.docker.backend import DockerBackend
 
 pytestmark = pytest.mark.anyio
 

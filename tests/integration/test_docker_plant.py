@@ -28,8 +28,8 @@ import pytest
 from helpers import require_backend
 
 from sandboxrun import Policy, PolicyRefusedError, Sandbox
-from sandboxrun.backends.docker import DockerBackend
-from sandboxrun.docker_seccomp import ENOSYS, profile
+from sandboxrun.backends.docker.backend import DockerBackend
+from sandboxrun.backends.docker.seccomp import ENOSYS, profile
 
 pytestmark = [
     pytest.mark.anyio,

@@ -23,7 +23,7 @@ import pytest
 from helpers import processes_with_arg, require_backend, wait_until
 
 from sandboxrun import Limits, Sandbox
-from sandboxrun.backends.docker import DockerBackend
+from sandboxrun.backends.docker.backend import DockerBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -237,7 +237,7 @@ def test_the_rendezvous_is_never_the_container_users_and_never_in_a_workspace(
     swap could hand it a host file), it lives in a parent only the invoker enters, never in
     a directory a sandbox can write (``TMPDIR``, a workspace: another sandbox's command
     could replace the runner's copy before the supervisor starts)."""
-    from sandboxrun.backends.docker_supervisor import Rendezvous, parent_dir
+    from sandboxrun.backends.docker.rendezvous import Rendezvous, parent_dir
 
     parent = parent_dir(tmp_path)
     assert parent is not None
@@ -289,7 +289,7 @@ async def test_an_engine_that_cannot_see_the_host_directory_falls_back(
     """docker-in-docker, a VM, an ssh-forwarded socket: the engine answers "bind source path
     does not exist" for the rendezvous directory; the sandbox runs through the engine's exec
     path instead of failing."""
-    from sandboxrun.backends import docker_supervisor as sv
+    from sandboxrun.backends.docker import rendezvous as sv
 
     real_init = sv.Rendezvous.__init__
 
@@ -316,7 +316,8 @@ async def test_a_non_root_invoker_sees_the_engine_as_local(workspace: Path) -> N
         assert pid is not None and cid is not None
         code = (
             "import os, sys\n"
-            "from sandboxrun.backends.docker import engine_visible\n"  # before: root's files
+            # before: root's files
+            "from sandboxrun.backends.docker.backend import engine_visible\n"
             "os.setgid(65534); os.setuid(65534)\n"
             f"print(os.access('/proc/{pid}/environ', os.R_OK), engine_visible({pid}, {cid!r}))\n"
         )

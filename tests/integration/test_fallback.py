@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandboxrun import Sandbox
-from sandboxrun.backends import probe
+from sandboxrun.backends.registry import probe
 from sandboxrun.errors import SandboxUnavailableError
 
 pytestmark = pytest.mark.anyio

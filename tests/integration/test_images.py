@@ -100,8 +100,8 @@ class Engine:
 @pytest.fixture
 def engine() -> Iterator[Engine]:
     require_backend("docker")
-    from sandboxrun import dockerapi
-    from sandboxrun.images import BOOTSTRAP_REPO, host_source
+    from sandboxrun.backends.docker import api as dockerapi
+    from sandboxrun.image.build import BOOTSTRAP_REPO, host_source
 
     client = dockerapi.connect()
     bootstrap = f"{BOOTSTRAP_REPO}:{host_source()[1]}"
@@ -336,7 +336,7 @@ def test_bootstrap_reuses_what_exists(engine: Engine) -> None:
 def absent(image: str) -> None:
     import docker.errors
 
-    from sandboxrun import dockerapi
+    from sandboxrun.backends.docker import api as dockerapi
 
     client = dockerapi.connect()
     try:
@@ -349,7 +349,7 @@ def absent(image: str) -> None:
 
 
 def managed_with(image: str) -> list[object]:
-    from sandboxrun import dockerapi
+    from sandboxrun.backends.docker import api as dockerapi
 
     client = dockerapi.connect()
     try:

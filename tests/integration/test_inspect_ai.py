@@ -41,10 +41,10 @@ from inspect_ai.util._sandbox import self_check
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 
 from sandboxrun import SandboxUnavailableError
-from sandboxrun.inspect_config import SandboxrunConfig
-from sandboxrun.inspect_sandbox import SandboxrunSandboxEnvironment
-from sandboxrun.inspect_workspace import cleanup as cleanup_leftovers
-from sandboxrun.inspect_workspace import parent_dir
+from sandboxrun.integrations.inspect.config import SandboxrunConfig
+from sandboxrun.integrations.inspect.sandbox import SandboxrunSandboxEnvironment
+from sandboxrun.integrations.inspect.workspace import cleanup as cleanup_leftovers
+from sandboxrun.integrations.inspect.workspace import parent_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -79,7 +79,7 @@ async def sample_env() -> AsyncIterator[SandboxrunSandboxEnvironment]:
 
 
 def _own_containers(workspace: Path) -> list[str]:
-    from sandboxrun.inspect_workspace import workspace_label
+    from sandboxrun.integrations.inspect.workspace import workspace_label
 
     client = docker.from_env()
     try:
@@ -354,8 +354,8 @@ def _containers_of_pid(pid: int | None, *, since: int) -> list[str]:
 HOLDER = textwrap.dedent(
     """
     import anyio
-    from sandboxrun.inspect_config import SandboxrunConfig
-    from sandboxrun.inspect_sandbox import SandboxrunSandboxEnvironment
+    from sandboxrun.integrations.inspect.config import SandboxrunConfig
+    from sandboxrun.integrations.inspect.sandbox import SandboxrunSandboxEnvironment
 
     async def main() -> None:
         env = await SandboxrunSandboxEnvironment.open(SandboxrunConfig())

@@ -16,8 +16,8 @@ import pytest
 from helpers import assert_nothing_left, processes_with_arg, wait_until
 
 from sandboxrun import ConfigError, Limits, Policy, Sandbox, WorkspaceError
-from sandboxrun.backends.pgroup import ProcessGroupBackend
-from sandboxrun.isolation import SANDBOX_HOME
+from sandboxrun.backends.local.isolation import SANDBOX_HOME
+from sandboxrun.backends.local.pgroup import ProcessGroupBackend
 
 pytestmark = pytest.mark.anyio
 

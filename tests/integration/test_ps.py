@@ -21,7 +21,7 @@ from helpers import require_backend
 
 from sandboxrun import Limits, Sandbox, backends
 from sandboxrun.cli.admin_text import EMPTY, HEADER
-from sandboxrun.spill import SpillDir, SpillSession
+from sandboxrun.engine.capture.spill import SpillDir, SpillSession
 
 CLI = [sys.executable, "-m", "sandboxrun"]
 NO_ENGINE = "unix:///nonexistent/docker.sock"

@@ -1,4 +1,5 @@
-"""The pytest plugin (``sandboxrun.pytest_plugin``) in a real inner pytest session (pytester, in
+"""The pytest plugin (``sandboxrun.integrations.pytest_plugin``) in a real inner pytest session
+(pytester, in
 a subprocess, the plugin loaded through its ``pytest11`` entry point), on real backends: the
 fixtures work, markers, command-line and ini options are honoured, a project's own ``sandbox``
 fixture wins, and nothing of a sandbox outlives its test."""
@@ -13,7 +14,7 @@ import pytest
 from helpers import require_backend
 
 from sandboxrun import Limits, SandboxFileNotFoundError
-from sandboxrun.blocking import BlockingSandbox
+from sandboxrun.integrations.blocking import BlockingSandbox
 
 pytest_plugins = ["pytester"]
 
@@ -41,7 +42,7 @@ def processes_of_run(run_id: str) -> list[int]:
 
 
 def containers_of(owner_pid: int) -> list[str]:
-    from sandboxrun import dockerapi
+    from sandboxrun.backends.docker import api as dockerapi
 
     client = dockerapi.connect(10)
     try:
@@ -235,7 +236,7 @@ import pytest
 
 @pytest.mark.sandboxrun(backend="docker")
 def test_plain():
-    assert "sandboxrun.pytest_plugin" in sys.modules
+    assert "sandboxrun.integrations.pytest_plugin" in sys.modules
     heavy = [m for m in ("pydantic", "docker", "sandboxrun.models") if m in sys.modules]
     assert heavy == []
 """

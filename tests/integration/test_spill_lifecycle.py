@@ -14,10 +14,11 @@ import anyio
 import pytest
 from helpers import require_backend
 
-from sandboxrun import Limits, Policy, Sandbox, run, spill_prune
+from sandboxrun import Limits, Policy, Sandbox, run
+from sandboxrun.engine.capture import prune as spill_prune
+from sandboxrun.engine.capture.prune import STAMP_NAME
+from sandboxrun.engine.capture.spill import LOCK_NAME, SpillDir, SpillSession
 from sandboxrun.errors import PolicyRefusedError
-from sandboxrun.spill import LOCK_NAME, SpillDir, SpillSession
-from sandboxrun.spill_prune import STAMP_NAME
 
 LIMITS = Limits(max_output=1024, grace_s=0.5, drain_s=0.5)
 FLOOD = ["seq", "1", "20000"]  # ~110 KB: beyond max_output, so it spills

@@ -16,17 +16,17 @@ import pytest
 from helpers import assert_nothing_left, processes_with_arg, wait_until
 
 from sandboxrun import Limits, Policy, Sandbox
-from sandboxrun.backends import probe
-from sandboxrun.backends import systemd_config as cfg
-from sandboxrun.backends.systemd import (
+from sandboxrun.backends.housekeeping import list_scopes
+from sandboxrun.backends.local.isolation import probe_host
+from sandboxrun.backends.registry import probe
+from sandboxrun.backends.systemd import config as cfg
+from sandboxrun.backends.systemd.backend import (
     SystemdScopeBackend,
     manager_env,
     manager_mode,
     unit_active,
 )
 from sandboxrun.errors import PolicyRefusedError
-from sandboxrun.housekeeping import list_scopes
-from sandboxrun.isolation import probe_host
 
 pytestmark = pytest.mark.anyio
 
@@ -229,7 +229,7 @@ async def test_systemd_run_failure_is_sandbox_error_with_its_message(
     )
     try:
         assert wait_until(lambda: not unit_gone(taken))
-        monkeypatch.setattr("sandboxrun.sandbox.new_run_id", lambda: taken)
+        monkeypatch.setattr("sandboxrun.api.sandbox.new_run_id", lambda: taken)
         async with Sandbox(workspace, backend="systemd-scope", limits=FAST) as sb:
             result = await sb.exec(["echo", "never"])
         assert result.status == "sandbox_error"

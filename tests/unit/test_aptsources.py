@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxrun.aptsources import (
+from sandboxrun.errors import ConfigError
+from sandboxrun.image.aptsources import (
     AptSource,
     os_release_codename,
     parse_deb822,
     parse_one_line,
     pick_base,
 )
-from sandboxrun.errors import ConfigError
 
 DEB822 = """\
 Types: deb

@@ -1,4 +1,5 @@
-"""Unit tests of sandboxrun.argv, including torture runs through real /bin/bash and /bin/sh."""
+"""Unit tests of sandboxrun.engine.argv, including torture runs through real /bin/bash and
+/bin/sh."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.argv import (
+from sandboxrun.engine.argv import (
     EXPLICIT_PATH_VAR,
     PATH_PREFIX,
     PATH_PREPEND_VAR,

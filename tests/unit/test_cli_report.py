@@ -8,8 +8,8 @@ import pytest
 import typer
 
 from sandboxrun.cli.report import error_json, fail, summary
+from sandboxrun.cli.terminal import StreamStats
 from sandboxrun.models import Denial, ExecResult
-from sandboxrun.terminal import StreamStats
 
 
 def result(**fields: object) -> ExecResult:

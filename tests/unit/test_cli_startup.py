@@ -10,7 +10,18 @@ import sys
 
 import pytest
 
-HEAVY = ("pydantic", "anyio", "docker", "rich", "psutil", "sandboxrun.models", "sandboxrun.sandbox")
+HEAVY = (
+    "pydantic",
+    "anyio",
+    "docker",
+    "rich",
+    "psutil",
+    "sandboxrun.models",
+    "sandboxrun.api.sandbox",
+    "sandboxrun.engine.request",
+    "sandboxrun.engine.supervise",
+    "sandboxrun.backends.registry",
+)
 TYPER_LOADS = ("pydantic",)
 """typer (0.2x) coerces a command's parameters through pydantic ``TypeAdapter`` s once it builds
 that command: a subcommand's ``--help`` loads pydantic itself (not our models)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from sandboxrun.backends import docker_config as cfg
+from sandboxrun.backends.docker import config as cfg
 from sandboxrun.models import Limits, Policy
 
 ROOT = Path(__file__).resolve().parents[2]

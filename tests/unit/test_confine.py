@@ -1,4 +1,5 @@
-"""sandboxrun._confine: the seccomp program, pure (run by a small BPF interpreter), and every
+"""sandboxrun.supervisor.confine: the seccomp program, pure (run by a small BPF interpreter), and
+every
 layer on real processes. Each hostile check runs twice in forked children: without the layer
 (the attack must work, so the test proves something) and with it (it must fail)."""
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun import _confine
+from sandboxrun.supervisor import confine as _confine
 
 ABI = _confine.landlock_abi()
 needs_landlock = pytest.mark.skipif(ABI == 0, reason="this kernel has no Landlock")
@@ -362,7 +363,7 @@ SCRIPT = """
 import sys
 before = set(sys.modules)
 sys.path.insert(0, sys.argv[1])
-import _confine
+import confine as _confine
 plan = {"drop_caps": True, "landlock": {"dirs": [sys.argv[2]], "files": ["/dev/null"],
         "deny_tcp": True}, "seccomp": True}
 layers = _confine.apply(plan)
@@ -383,7 +384,7 @@ def test_apply_in_a_stdlib_only_script(tmp_path: Path) -> None:
     if ABI == 0:
         pytest.skip("this kernel has no Landlock: nothing is denied")
     assert done.stdout.split() == ["caps-dropped", "landlock", "seccomp", "no-new-privileges"]
-    assert "'typing'" not in done.stderr and "'_confine'" in done.stderr, done.stderr
+    assert "'typing'" not in done.stderr and "'confine'" in done.stderr, done.stderr
 
 
 def test_apply_minimal_plan_and_bad_plans() -> None:

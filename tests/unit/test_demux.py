@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandboxrun.demux import FrameDecoder, FrameError
+from sandboxrun.backends.docker.demux import FrameDecoder, FrameError
 
 
 def frame(stream: int, payload: bytes) -> bytes:

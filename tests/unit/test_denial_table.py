@@ -1,4 +1,4 @@
-"""``sandboxrun.denial``: the evidence table, tested both ways (a denial, and its look-alikes
+"""``sandboxrun.engine.denial``: the evidence table, tested both ways (a denial, and its look-alikes
 that are ordinary failures), and the host facts it relies on."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun import denial
-from sandboxrun.denial import HostFacts, PathFacts, describe_change, diagnose, host_facts
+from sandboxrun.engine import denial
+from sandboxrun.engine.denial import HostFacts, PathFacts, describe_change, diagnose, host_facts
 from sandboxrun.models import BackendName, ExecResult, Limits, Policy, Status
 
 CONFINED = [

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun import proctree
-from sandboxrun.backends.docker_cgroup import is_stub, populated, stub_argv
+from sandboxrun.backends.docker.cgroup import is_stub, populated, stub_argv
+from sandboxrun.supervisor import procfs as proctree
 
 
 def wait_state(pid: int, state: str, timeout: float = 5.0) -> bool:
@@ -80,7 +80,7 @@ class SlowStub:
 def test_a_stub_slow_to_stop_is_waited_for_and_continued(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under a tiny CPU share the stub may take seconds to reach ``kill -STOP``: giving up on it
     would leave it stopped forever (a ``true`` would then time out)."""
-    from sandboxrun.backends import docker_run
+    from sandboxrun.backends.docker import engine_exec as docker_run
 
     continued: list[tuple[list[int], int]] = []
     monkeypatch.setattr(docker_run, "is_stub", lambda pid: True)
@@ -97,7 +97,7 @@ def test_a_stub_slow_to_stop_is_waited_for_and_continued(monkeypatch: pytest.Mon
 def test_a_stub_continued_by_someone_else_is_not_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sandboxrun.backends import docker_run
+    from sandboxrun.backends.docker import engine_exec as docker_run
 
     monkeypatch.setattr(docker_run, "is_stub", lambda pid: False)  # it already runs the command
     run = object.__new__(docker_run.DockerRun)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.backends import docker_config as cfg
+from sandboxrun.backends.docker import config as cfg
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import Limits, Policy
-from sandboxrun.proctree import parse_cgroup_lines
+from sandboxrun.supervisor.procfs import parse_cgroup_lines
 
 MiB = 1 << 20
 
@@ -191,8 +191,8 @@ def test_check_is_fast_on_a_big_tree(tmp_path: Path, engine_sock: Path) -> None:
 
 
 def test_mask_mounts_only_inside_the_workspace(tmp_path: Path) -> None:
-    from sandboxrun.backends.docker_config import mask_mounts
-    from sandboxrun.paths import CONTAINER_ROOT
+    from sandboxrun.backends.docker.config import mask_mounts
+    from sandboxrun.engine.paths import CONTAINER_ROOT
 
     ws = tmp_path / "ws"
     (ws / "d").mkdir(parents=True)
@@ -207,7 +207,7 @@ def test_mask_mounts_only_inside_the_workspace(tmp_path: Path) -> None:
 
 
 def test_start_timeout_grows_with_the_containers_cpu_quota() -> None:
-    from sandboxrun.backends.docker_run import START_TIMEOUT_S, start_timeout
+    from sandboxrun.backends.docker.engine_exec import START_TIMEOUT_S, start_timeout
 
     assert start_timeout(None) == START_TIMEOUT_S  # a wedged engine is still found in time
     assert start_timeout(2.0) == pytest.approx(START_TIMEOUT_S + 0.1)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.argv import EXPLICIT_PATH_VAR, PATH_PREPEND_VAR
-from sandboxrun.backends import docker_config as cfg
+from sandboxrun.backends.docker import config as cfg
+from sandboxrun.engine.argv import EXPLICIT_PATH_VAR, PATH_PREPEND_VAR
 from sandboxrun.errors import ConfigError, EnvError, WorkspaceError
 
 BUILT = {

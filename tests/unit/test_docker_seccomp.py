@@ -16,12 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandboxrun import docker_seccomp as sc
-from sandboxrun.backends import docker_config as cfg
+from sandboxrun.backends.docker import config as cfg
+from sandboxrun.backends.docker import seccomp as sc
 from sandboxrun.models import Limits, Policy
 
 VENDORED_SHA256 = "536529b665dd0972c37bfb569f5d4ac8a53592e7b00752bc39ff063ca9864c74"
-"""moby/profiles v0.2.3 seccomp/default.json, byte for byte (see sandboxrun/seccomp/README.md)."""
+"""moby/profiles v0.2.3 seccomp/default.json, byte for byte (see
+sandboxrun/backends/docker/profiles/README.md)."""
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 EPERM = 1
 

@@ -1,4 +1,4 @@
-"""Unit tests of sandboxrun.env: the child environment is built, never inherited."""
+"""Unit tests of sandboxrun.engine.env: the child environment is built, never inherited."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandboxrun.env import (
+from sandboxrun.engine.env import (
     ALLOWLIST,
     DEFAULT_LOCALE,
     DEFAULT_PATH,

@@ -1,4 +1,4 @@
-"""The pure parts of ``sandboxrun.files``: path classification, error mapping, ``open_beneath``
+"""The pure parts of ``sandboxrun.api.files``: path classification, error mapping, ``open_beneath``
 (the symlink-safe open the supervisor and the host use), fd I/O checks, stray open replies."""
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from sandboxrun import (
     SandboxPermissionError,
     WorkspaceError,
 )
-from sandboxrun._runner import open_beneath
-from sandboxrun.files import ChunkReader, SandboxFiles
-from sandboxrun.files_paths import (
+from sandboxrun.api.files import ChunkReader, SandboxFiles
+from sandboxrun.api.files_paths import (
     DirEntry,
     Target,
     check_max_bytes,
@@ -37,8 +36,9 @@ from sandboxrun.files_paths import (
     resolve,
     write_fd,
 )
+from sandboxrun.backends.client import RunnerClient
 from sandboxrun.models import Policy
-from sandboxrun.runner_client import RunnerClient
+from sandboxrun.supervisor.runner import open_beneath
 
 ROOT = "/workspace"
 HOME = "/home/sandbox"

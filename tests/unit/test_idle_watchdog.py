@@ -13,11 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from sandboxrun import Limits
-from sandboxrun.capture import Activity, StreamCapture
+from sandboxrun.api.sandbox import Sandbox
 from sandboxrun.cli.report import summary
-from sandboxrun.errors import ConfigError
-from sandboxrun.models import ExecResult
-from sandboxrun.process import (
+from sandboxrun.engine.capture.stream import Activity, StreamCapture
+from sandboxrun.engine.supervise import (
     RunFacts,
     Supervision,
     Termination,
@@ -25,7 +24,8 @@ from sandboxrun.process import (
     captures,
     supervise,
 )
-from sandboxrun.sandbox import Sandbox
+from sandboxrun.errors import ConfigError
+from sandboxrun.models import ExecResult
 
 pytestmark = pytest.mark.anyio
 

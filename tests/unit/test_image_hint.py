@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxrun.image_hint import RegistryAnswer, classify, is_default_image, message, repository
+from sandboxrun.backends.docker.hint import (
+    RegistryAnswer,
+    classify,
+    is_default_image,
+    message,
+    repository,
+)
 
 DIAL = (
     'Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io on '

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.image_phases import (
+from sandboxrun.image.phases import (
     BootstrapPhases,
     BuildKitPhases,
     LegacyPhases,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.image_plan import (
+from sandboxrun.image.plan import (
     LABEL_BASE,
     LABEL_BASE_ID,
     LABEL_CONTEXT,

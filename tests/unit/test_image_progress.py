@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from sandboxrun.image_progress import Display, is_live_terminal
+from sandboxrun.image.progress import Display, is_live_terminal
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""sandboxrun.inspect_config: the inspect sandbox's YAML config and what it becomes."""
+"""sandboxrun.integrations.inspect.config: the inspect sandbox's YAML config and what it becomes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from sandboxrun.errors import ConfigError
-from sandboxrun.inspect_config import (
+from sandboxrun.integrations.inspect.config import (
     CONFIG_FILES,
     MAX_TIMEOUT_S,
     NO_TIMEOUT_S,

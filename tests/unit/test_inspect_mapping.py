@@ -1,4 +1,5 @@
-"""sandboxrun.inspect_mapping: sandboxrun results and errors as inspect_ai's contract wants them."""
+"""sandboxrun.integrations.inspect.mapping: sandboxrun results and errors as inspect_ai's contract
+wants them."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from sandboxrun.errors import (
     SandboxPermissionError,
     WorkspaceError,
 )
-from sandboxrun.inspect_mapping import (
+from sandboxrun.integrations.inspect.mapping import (
     CWD_WRAPPER,
     OOM_NOTE,
     CwdPlan,

@@ -1,4 +1,5 @@
-"""sandboxrun.inspect_workspace: private per-sample workspaces, their removal, leftovers.
+"""sandboxrun.integrations.inspect.workspace: private per-sample workspaces, their removal,
+leftovers.
 
 Real files under a private ``tempfile.tempdir`` (no engine: ``cleanup`` without a reachable
 engine only removes workspaces)."""
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun import inspect_workspace as ws
 from sandboxrun.errors import WorkspaceError
+from sandboxrun.integrations.inspect import workspace as ws
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.isolation import (
+from sandboxrun.backends.local.isolation import (
     SANDBOX_HOME,
     HostSupport,
     LocalPlan,
@@ -129,7 +129,7 @@ def test_sandboxrun_itself_stays_runnable_from_a_private_dir() -> None:
     dirs = runtime_dirs()
     assert sys.prefix in dirs
     assert os.path.dirname(os.path.realpath(sys.executable)) in dirs
-    assert any(Path(d, "_runner.py").exists() for d in dirs)
+    assert any(Path(d, "supervisor", "runner.py").exists() for d in dirs)
 
 
 def test_private_home_and_tmpdir_unless_given(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of a job's per-stream log (``sandboxrun.joblog.JobLog``): offsets, what is held
+"""Unit tests of a job's per-stream log (``sandboxrun.api.joblog.JobLog``): offsets, what is held
 (memory ring + rotating spill segments), ``lossy``, line paging and its byte cap, and the
 descriptors an ended log gives back."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxrun import joblog
-from sandboxrun.joblog import BLOCK, MIN_SEGMENT, JobLog
-from sandboxrun.spill import SpillDir
+from sandboxrun.api import joblog
+from sandboxrun.api.joblog import BLOCK, MIN_SEGMENT, JobLog
+from sandboxrun.engine.capture.spill import SpillDir
 
 PATTERN = bytes(i % 251 for i in range(300_000))
 

@@ -1,4 +1,4 @@
-"""Unit tests of sandboxrun.login: parsing a snapshot, the merge order of a command's
+"""Unit tests of sandboxrun.api.login: parsing a snapshot, the merge order of a command's
 environment, the argv forms, the shell-selection script (run for real through /bin/sh with a
 fake ``getent``/``id`` first on PATH: the host user's passwd entry cannot be changed), and the
 once-per-key / fall-back logic of ``Logins`` with a fake runner.
@@ -17,10 +17,11 @@ from pathlib import Path, PurePosixPath
 import anyio
 import pytest
 
-from sandboxrun import login
+from sandboxrun.api import login
+from sandboxrun.engine import argv as wrapping
+from sandboxrun.engine.request import ExecRequest, LoginMode, Snapshot
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import ExecResult, Limits, Policy, Status
-from sandboxrun.spec import ExecRequest, LoginMode, Snapshot
 
 MARKER = "sandboxrun-login-0123"
 BASH = shutil.which("bash")
@@ -123,7 +124,7 @@ SNAP = Snapshot(
 def test_merge_order_snapshot_then_own_variables_then_owned_then_prepend() -> None:
     env = {**BASE, "FOO": "mine", "NEW": "passed", "TERM": "dumb"}
     req = request(env, explicit=frozenset({"FOO"}), prepend=["/pp"], snapshot=SNAP)
-    out = login.exec_env(req, owned={"HOME": "/sandbox-home", "SANDBOXRUN_RUN_ID": "r1"})
+    out = wrapping.exec_env(req, owned={"HOME": "/sandbox-home", "SANDBOXRUN_RUN_ID": "r1"})
     assert out == {
         "PATH": "/pp:/opt/a:/usr/bin:/bin",  # the profile's PATH, the prepend in front
         "LANG": "en_US.UTF-8",  # the profile changed it, the command did not ask otherwise
@@ -136,47 +137,47 @@ def test_merge_order_snapshot_then_own_variables_then_owned_then_prepend() -> No
 
 def test_explicit_value_equal_to_the_base_still_wins() -> None:
     req = request(dict(BASE), explicit=frozenset({"LANG", "PATH"}), snapshot=SNAP)
-    out = login.exec_env(req, owned={})
+    out = wrapping.exec_env(req, owned={})
     assert (out["LANG"], out["PATH"]) == ("C.UTF-8", "/usr/bin:/bin")
 
 
 def test_prepend_dedupes_the_snapshot_path_but_not_an_explicit_one() -> None:
     snap = Snapshot(env={"PATH": "/pp:/usr/bin:/pp:/bin"}, base=BASE)
     req = request(dict(BASE), prepend=["/pp"], snapshot=snap)
-    assert login.exec_env(req, owned={})["PATH"] == "/pp:/usr/bin:/bin"
+    assert wrapping.exec_env(req, owned={})["PATH"] == "/pp:/usr/bin:/bin"
     env = {**BASE, "PATH": "/pp:/x"}
     req = request(env, explicit=frozenset({"PATH"}), prepend=["/pp"], snapshot=snap)
-    assert login.exec_env(req, owned={})["PATH"] == "/pp:/pp:/x"
+    assert wrapping.exec_env(req, owned={})["PATH"] == "/pp:/pp:/x"
 
 
 def test_drop_keeps_host_only_names_out_unless_explicit() -> None:
     env = {**BASE, "HOME": "/host/home", "TMPDIR": "/host/tmp"}
     req = request(env, snapshot=SNAP)
-    out = login.exec_env(req, owned={}, drop=("HOME", "TMPDIR"))
+    out = wrapping.exec_env(req, owned={}, drop=("HOME", "TMPDIR"))
     assert (out["HOME"], "TMPDIR" in out) == ("/home/u", False)
     req = request(env, explicit=frozenset({"TMPDIR"}), snapshot=SNAP)
-    assert login.exec_env(req, owned={}, drop=("HOME", "TMPDIR"))["TMPDIR"] == "/host/tmp"
+    assert wrapping.exec_env(req, owned={}, drop=("HOME", "TMPDIR"))["TMPDIR"] == "/host/tmp"
 
 
 def test_utf8_only_leaves_out_undecodable_snapshot_entries() -> None:
     bad = os.fsdecode(b"\xff")
     snap = Snapshot(env={"OK": "1", "BAD": bad}, base={})
-    assert login.exec_env(request({}, snapshot=snap), owned={}, utf8_only=True) == {"OK": "1"}
-    assert "BAD" in login.exec_env(request({}, snapshot=snap), owned={})
+    assert wrapping.exec_env(request({}, snapshot=snap), owned={}, utf8_only=True) == {"OK": "1"}
+    assert "BAD" in wrapping.exec_env(request({}, snapshot=snap), owned={})
 
 
 # --------------------------------------------------------------------------- command
 def test_command_forms() -> None:
     argv = ["ls", "-l"]
-    assert login.command(request({}, argv=argv, snapshot=SNAP), "bash") == argv
-    assert login.command(request({}, argv=argv, login_mode="raw"), "bash") == argv
-    wrapped = login.command(request({}, argv=argv), "/bin/sh")  # snapshot mode, none taken
+    assert wrapping.command(request({}, argv=argv, snapshot=SNAP), "bash") == argv
+    assert wrapping.command(request({}, argv=argv, login_mode="raw"), "bash") == argv
+    wrapped = wrapping.command(request({}, argv=argv), "/bin/sh")  # snapshot mode, none taken
     assert wrapped[:2] == ["/bin/sh", "-lc"] and wrapped[-2:] == argv
-    each = login.command(request({}, argv=argv, login_mode="each", shell="/bin/zsh"), "bash")
+    each = wrapping.command(request({}, argv=argv, login_mode="each", shell="/bin/zsh"), "bash")
     assert each[:2] == ["/bin/zsh", "-lc"]
     script = request({}, script="echo hi", snapshot=SNAP, shell="/bin/dash")
-    assert login.command(script, "bash") == ["/bin/dash", "-c", "echo hi"]
-    assert login.command(request({}, script="echo hi", login_mode="each"), "sh")[:2] == [
+    assert wrapping.command(script, "bash") == ["/bin/dash", "-c", "echo hi"]
+    assert wrapping.command(request({}, script="echo hi", login_mode="each"), "sh")[:2] == [
         "sh",
         "-lc",
     ]

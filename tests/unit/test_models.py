@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from sandboxrun import ExecError, ExecResult, Limits, Policy
 from sandboxrun.cli.report import exit_status
+from sandboxrun.engine.sanitize import TerminalSanitizer
+from sandboxrun.engine.supervise import decode_wait_status
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import required_guarantees
-from sandboxrun.process import decode_wait_status
-from sandboxrun.sanitize import TerminalSanitizer
 from sandboxrun.units import parse_size
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of the bounded head/tail output buffer (``sandboxrun.output``)."""
+"""Unit tests of the bounded head/tail output buffer (``sandboxrun.engine.capture.buffer``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxrun.output import HeadTailBuffer, Rendered, omission_marker
+from sandboxrun.engine.capture.buffer import HeadTailBuffer, Rendered, omission_marker
 
 MARKER = re.compile(r"\[\.\.\. (\d+) bytes omitted \.\.\.\]")
 CHARS = ["é", "€", "😀"]  # 2-, 3- and 4-byte UTF-8

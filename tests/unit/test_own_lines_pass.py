@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from sandboxrun.cli import report
 from sandboxrun.cli.options import assignments_in
-from sandboxrun.models import Denial, ExecResult, Policy
-from sandboxrun.redact import (
+from sandboxrun.engine.capture.redact import (
     LOG_MASK,
     Redactor,
     SecretBook,
@@ -26,7 +25,8 @@ from sandboxrun.redact import (
     redactor_of,
     secret_pairs,
 )
-from sandboxrun.sanitize import TerminalSanitizer, clean_text, escape_json_controls
+from sandboxrun.engine.sanitize import TerminalSanitizer, clean_text, escape_json_controls
+from sandboxrun.models import Denial, ExecResult, Policy
 
 VALUE = "tok-SeCrEt-9876"
 MARK = "[masked:API_TOKEN]"
@@ -320,7 +320,7 @@ def test_assignments_feed_the_masking() -> None:
 def test_a_value_cut_off_by_the_supervisor_is_masked_to_its_start() -> None:
     """A string the supervisor cut (``…(N bytes)``) may end inside a value: its start is
     masked too; the cut marker stays; a string not cut keeps a lone prefix as it is."""
-    from sandboxrun.redact import Redactor
+    from sandboxrun.engine.capture.redact import Redactor
 
     masking = Redactor({"API_TOKEN": b"tok-SeCrEt-9876", "DB_PASSWORD": b"hunter2-x"})
     cut = "\u2026(207 bytes)"

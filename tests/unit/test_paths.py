@@ -1,4 +1,4 @@
-"""Unit tests of sandboxrun.paths with real temporary directories and symlinks."""
+"""Unit tests of sandboxrun.engine.paths with real temporary directories and symlinks."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sandboxrun.engine.paths import CONTAINER_ROOT, Workspace
 from sandboxrun.errors import InputError, WorkspaceError
-from sandboxrun.paths import CONTAINER_ROOT, Workspace
 
 # --------------------------------------------------------------------------- fixtures
 

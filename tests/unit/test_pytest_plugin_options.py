@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.pytest_plugin import BACKENDS, SandboxOptions, resolve_options
+from sandboxrun.integrations.pytest_plugin import BACKENDS, SandboxOptions, resolve_options
 
 ROOT = Path("/project")
 
@@ -93,10 +93,10 @@ def test_unknown_keyword_and_backend_refused() -> None:
 
 def test_loading_the_plugin_imports_nothing_heavy() -> None:
     probe = (
-        "import sys, json; import sandboxrun.pytest_plugin; "
+        "import sys, json; import sandboxrun.integrations.pytest_plugin; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('pydantic', 'anyio', 'docker', 'psutil') or m in ('sandboxrun.models', "
-        "'sandboxrun.sandbox', 'sandboxrun.blocking'))))"
+        "'sandboxrun.api.sandbox', 'sandboxrun.integrations.blocking'))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], check=True, capture_output=True, text=True

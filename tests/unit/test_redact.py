@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxrun.capture import StreamCapture
+from sandboxrun.engine.capture.redact import MIN_SECRET_BYTES, Redactor, marker, redactor_for
+from sandboxrun.engine.capture.spill import SpillDir
+from sandboxrun.engine.capture.stream import StreamCapture
+from sandboxrun.engine.request import ExecRequest
 from sandboxrun.models import Limits, Policy
-from sandboxrun.redact import MIN_SECRET_BYTES, Redactor, marker, redactor_for
-from sandboxrun.spec import ExecRequest
-from sandboxrun.spill import SpillDir
 
 TOKEN = b"s3cr3t-value-123"
 M = b"[masked:API_TOKEN]"

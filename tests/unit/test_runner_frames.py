@@ -19,8 +19,8 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from sandboxrun.backends.client import MAX_FRAME, RunnerClient
 from sandboxrun.errors import BackendError
-from sandboxrun.runner_client import MAX_FRAME, RunnerClient
 
 pytestmark = pytest.mark.anyio
 HEADER = struct.Struct("!I")
@@ -160,7 +160,7 @@ async def test_an_open_nobody_answers_fails_within_its_deadline(
 ) -> None:
     """A supervisor that reads requests and never answers: the call fails at its deadline,
     and a slow supervisor is not declared dead for it."""
-    monkeypatch.setattr("sandboxrun.runner_client.REQUEST_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("sandboxrun.backends.client.REQUEST_TIMEOUT_S", 0.3)
     client, peer = await ready_client()
     with anyio.fail_after(5), pytest.raises(BackendError) as caught:
         await client.open_path("f", os.O_RDONLY)
@@ -187,7 +187,7 @@ async def test_a_stopped_supervisor_is_declared_dead_and_killed() -> None:
 
 
 def test_the_supervisor_clips_every_string_it_sends() -> None:
-    from sandboxrun._runner import MAX_SEND, MAX_TEXT, clip, describe_error
+    from sandboxrun.supervisor.runner import MAX_SEND, MAX_TEXT, clip, describe_error
 
     assert clip("short") == "short"
     long = "\u00e9" * (MAX_TEXT + 5)
@@ -203,7 +203,7 @@ def test_the_supervisor_clips_every_string_it_sends() -> None:
 def test_the_supervisor_never_sends_a_frame_over_its_bound() -> None:
     """A reply over ``MAX_SEND`` (with an fd or without) goes as an ``error`` of its request,
     without the fd; a small one as it is, with its fd."""
-    from sandboxrun._runner import MAX_SEND, Runner
+    from sandboxrun.supervisor.runner import MAX_SEND, Runner
 
     ours, theirs = socket.socketpair()
     runner = Runner(theirs)
@@ -322,7 +322,7 @@ async def test_a_bad_reply_never_takes_or_drops_a_neighbours_fd(tmp_path: object
 def test_the_supervisor_gives_each_spawn_exactly_its_own_fds() -> None:
     """The runner (a real one) takes a request's fds only from the receive its first byte
     came in: a spawn sent without fds fails alone, and never takes the next spawn's."""
-    from sandboxrun.runner_client import RUNNER
+    from sandboxrun.backends.client import RUNNER
 
     host, child = socket.socketpair()
     proc = subprocess.Popen(

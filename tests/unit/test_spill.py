@@ -1,4 +1,5 @@
-"""Unit tests of spill files (``sandboxrun.spill``) and stream capture (``sandboxrun.capture``)."""
+"""Unit tests of spill files (``sandboxrun.engine.capture.spill``) and stream capture
+(``sandboxrun.engine.capture.stream``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun.capture import StreamCapture, StreamReport
+from sandboxrun.engine.capture.buffer import HeadTailBuffer
+from sandboxrun.engine.capture.spill import LOCK_NAME, SpillDir, SpillSession, default_spill_root
+from sandboxrun.engine.capture.stream import StreamCapture, StreamReport
 from sandboxrun.errors import ConfigError
-from sandboxrun.output import HeadTailBuffer
-from sandboxrun.spill import LOCK_NAME, SpillDir, SpillSession, default_spill_root
 
 STREAM = bytes(i % 251 for i in range(5000))
 

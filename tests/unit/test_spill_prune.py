@@ -1,4 +1,5 @@
-"""Pruning of the spill root (``sandboxrun.spill_prune``) on real directories and real locks:
+"""Pruning of the spill root (``sandboxrun.engine.capture.prune``) on real directories and real
+locks:
 the caps, what is never touched (open sandboxes, symlinks, other roots), the throttle."""
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxrun import spill_prune
-from sandboxrun.errors import ConfigError
-from sandboxrun.spill import LOCK_NAME, SpillDir, SpillSession
-from sandboxrun.spill_prune import (
+from sandboxrun.engine.capture import prune as spill_prune
+from sandboxrun.engine.capture.prune import (
     DEFAULT_MAX_AGE_S,
     DEFAULT_MAX_TOTAL,
     LOCKLESS_GRACE_S,
@@ -29,6 +28,8 @@ from sandboxrun.spill_prune import (
     parse_total,
     prune,
 )
+from sandboxrun.engine.capture.spill import LOCK_NAME, SpillDir, SpillSession
+from sandboxrun.errors import ConfigError
 
 NOW = 2_000_000_000.0
 HOUR = 3600.0
@@ -199,7 +200,7 @@ HOLDER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from sandboxrun.spill import SpillSession
+    from sandboxrun.engine.capture.spill import SpillSession
     session = SpillSession.create(Path(sys.argv[1]))
     print(session.path, flush=True)
     sys.stdin.read()

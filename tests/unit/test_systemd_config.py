@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from sandboxrun import proctree
-from sandboxrun.backends import systemd_config as cfg
-from sandboxrun.backends.systemd_run import cgroup_populated
+from sandboxrun.backends.systemd import config as cfg
+from sandboxrun.backends.systemd.scope import cgroup_populated
 from sandboxrun.models import Limits
+from sandboxrun.supervisor import procfs as proctree
 
 HYBRID = """12:perf_event:/
 9:name=systemd:/docker/abc/system.slice/sandboxrun-r1.scope
@@ -262,7 +262,7 @@ def test_cgroup_populated(events: str | None, populated: bool | None) -> None:
 def test_spec_round_trips_through_the_launcher(
     argv: list[str], env: dict[str, str], cwd: str
 ) -> None:
-    from sandboxrun._launcher import decode_spec
+    from sandboxrun.supervisor.launcher import decode_spec
 
     got_cwd, got_argv, got_env = decode_spec(cfg.encode_spec(argv, env, cwd))
     assert os.fsdecode(got_cwd) == cwd
@@ -281,7 +281,7 @@ def test_spec_refuses_a_nul() -> None:
 def test_launcher_frames_are_json(text: str) -> None:
     import json
 
-    from sandboxrun._launcher import json_text
+    from sandboxrun.supervisor.launcher import json_text
 
     assert json.loads(json_text(text)) == text
     assert json_text(text).isascii()
@@ -318,7 +318,7 @@ def test_launcher_frames_are_json(text: str) -> None:
 def test_launcher_plan_round_trip(
     ns_pid: int | None, extra: list[str], confine: dict[str, object]
 ) -> None:
-    from sandboxrun._launcher import decode_plan
+    from sandboxrun.supervisor.launcher import decode_plan
 
     plan = decode_plan(cfg.encode_plan(ns_pid, extra, confine))
     assert plan == {"ns_fd": ns_pid or 0, "ns_extra": extra, "confine": confine}

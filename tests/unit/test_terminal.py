@@ -11,10 +11,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sandboxrun import terminal
-from sandboxrun.capture import LiveSink, StreamCapture
-from sandboxrun.spill import SpillDir
-from sandboxrun.terminal import QUEUE_BYTES, LiveWriter
+from sandboxrun.cli import terminal
+from sandboxrun.cli.terminal import QUEUE_BYTES, LiveWriter
+from sandboxrun.engine.capture.spill import SpillDir
+from sandboxrun.engine.capture.stream import LiveSink, StreamCapture
 
 CHUNK = 64 * 1024
 

@@ -1,0 +1,1 @@
+"""What users call: ``Sandbox``, jobs, the files API and the login snapshot."""

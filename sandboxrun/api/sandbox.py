@@ -1,0 +1,722 @@
+"""``Sandbox``: open a backend once, run many commands in it, close it; and a sync ``run``.
+
+Raises ``InputError`` (bad workspace, workdir, env, options) before anything runs,
+``SandboxUnavailableError`` when the requested backend cannot be used, ``PolicyRefusedError``
+under ``strict`` when a requested guarantee cannot be enforced, and re-raises the caller's
+cancellation after a shielded, bounded cleanup (the cancelled result is in ``last_result``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import math
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import Self
+
+import anyio
+import anyio.to_thread
+
+from sandboxrun import backends
+from sandboxrun.api import files
+from sandboxrun.api.jobs import MAX_ENDED_JOBS, Job
+from sandboxrun.api.login import Logins, NotRun
+from sandboxrun.engine import denial
+from sandboxrun.engine.argv import join_path_prepend, validate_argv
+from sandboxrun.engine.capture import redact
+from sandboxrun.engine.capture.prune import auto_prune
+from sandboxrun.engine.capture.spill import SpillSession, default_spill_root
+from sandboxrun.engine.env import build_env
+from sandboxrun.engine.paths import Workspace
+from sandboxrun.engine.request import ExecRequest, LoginMode, Sink, StdinStream
+from sandboxrun.engine.supervise import RunFacts
+from sandboxrun.errors import ConfigError, PolicyRefusedError
+from sandboxrun.models import ExecResult, Limits, Policy, Status, required_guarantees
+
+log = logging.getLogger("sandboxrun")
+
+EscalationHook = Callable[[ExecResult, Policy], bool | Awaitable[bool]]
+"""``exec(..., escalate=hook)``: called with the denied result and the proposed wider policy;
+True re-runs the command once under it."""
+
+
+def check_encodable(value: str) -> None:
+    """Arguments, scripts and variables must be encodable for the OS (no lone surrogates)."""
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{value!r} cannot be passed to a process: {exc.reason}") from None
+
+
+def check_mask(mask: str, root: Path) -> None:
+    """A ``mask`` path must be absolute-able, and may not hold the workspace (it could not be
+    hidden from a command that works in it)."""
+    check_encodable(mask)
+    if not mask or "\0" in mask:
+        raise ConfigError(f"invalid --mask {mask!r}: expected a path")
+    real = Path(os.path.realpath(mask))
+    if root.is_relative_to(real):
+        raise ConfigError(
+            f"invalid --mask {mask!r}: it holds the workspace {str(root)!r}, which the command "
+            "works in (mask a path inside it, or beside it)"
+        )
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(8)
+
+
+class Sandbox:
+    """``async with Sandbox(workspace=...) as sb: result = await sb.exec([...])``."""
+
+    max_ended_jobs: int = MAX_ENDED_JOBS
+    """Ended jobs kept in ``jobs()`` (with their spill files); beyond it, the oldest ended
+    ones are released (``forget``). Set it on the instance to change it."""
+
+    def __init__(
+        self,
+        workspace: str | os.PathLike[str] = ".",
+        *,
+        backend: str = "auto",
+        policy: Policy | None = None,
+        limits: Limits | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        pass_proxy: bool = False,
+        path_prepend: Sequence[str] = (),
+        host_env: Mapping[str, str] | None = None,
+        image: str | None = None,
+        user: str | None = None,
+        login: LoginMode = "snapshot",
+        login_shell: str | None = None,
+        keep_spill: bool = False,
+    ) -> None:
+        """``login``: ``"snapshot"`` runs the login profile once per sandbox and gives every
+        command its environment; ``"each"`` gives every command its own login shell
+        (``sandboxrun.api.login``). ``login_shell``: the shell for both and for ``shell=`` scripts
+        (default: chosen inside the sandbox from the user's login shell).
+
+        ``keep_spill``: leave the spill files (the results' ``*_spill`` paths) when the sandbox
+        closes; by default they are removed then. Kept ones are pruned later with the rest
+        of the spill root (``sandboxrun.engine.capture.prune``: 24 h, 1 GiB by default)."""
+        self.workspace = Workspace.open(workspace)
+        self.policy = policy or Policy()
+        for mask in self.policy.mask:
+            check_mask(mask, self.workspace.root)
+        self.limits = limits or Limits()
+        self._requested = backend
+        self._env = dict(env or {})
+        self._pass_env = list(pass_env)
+        self._pass_proxy = pass_proxy
+        self._path_prepend = list(path_prepend)
+        self._host_env = dict(os.environ if host_env is None else host_env)
+        base = functools.partial(  # what prepare builds for a command without variables
+            build_env,
+            self._host_env,
+            explicit=self._env,
+            pass_through=self._pass_env,
+            pass_proxy=self._pass_proxy,
+        )
+        self._logins = Logins(login, login_shell, base=base, explicit=self._env)
+        self._secrets = redact.SecretBook()
+        """The secret values given to this sandbox: masked in the ``sandboxrun`` logger's
+        records while it lives (``redact.LOG_MASK``)."""
+        redact.LOG_MASK.watch(self._secrets)
+        if self.policy.mask_output:
+            self._secrets.note(redact.secret_pairs(self._env.items()))
+        self._backend: backends.Backend | None = None
+        self._warned: set[tuple[str, ...]] = set()
+        self.image = image
+        self.user = user
+        self.fallback_reason: str | None = None
+        self.last_result: ExecResult | None = None
+        self.close_errors: list[str] = []
+        """What closing could not clean up (a container the engine did not remove in time),
+        one sentence each; also logged as warnings on the ``sandboxrun`` logger."""
+        self._inflight: dict[anyio.CancelScope, anyio.Event] = {}
+        self._jobs: list[Job] = []
+        self._closed: anyio.Event | None = None
+        """Not None while ``aclose`` runs; a later ``aclose`` waits for it to be set."""
+        self.keep_spill = keep_spill
+        self._spill: SpillSession | None = None
+        """This sandbox's spill directory while open (None: spilling straight to the root)."""
+        self._spill_owned = True
+        """False for an escalation's re-run sandbox: it spills into its parent's directory."""
+        if backend != "auto":
+            backends.check_name(backend)
+
+    @property
+    def backend(self) -> backends.Backend:
+        if self._backend is None:
+            raise RuntimeError("the Sandbox is not open: use `async with Sandbox(...) as sb`")
+        return self._backend
+
+    @property
+    def spill_dir(self) -> Path | None:
+        """The directory of this sandbox's spill files (``<spill root>/sandbox-<id>``) while
+        it is open; None when closed, or when it could not be made (runs then spill to the
+        root itself, or say in ``warnings`` why they could not)."""
+        return None if self._spill is None or self._spill.closed else self._spill.path
+
+    def _spill_root(self) -> Path:
+        return self.limits.spill_dir or default_spill_root()
+
+    def _open_spill(self) -> None:
+        """Make this sandbox's locked spill directory; trouble only means runs spill to the
+        root as they would without one (where a failure ends up in their ``warnings``)."""
+        if self._spill is not None or not self._spill_owned or self.limits.spill_max <= 0:
+            return
+        try:
+            self._spill = SpillSession.create(self._spill_root())
+        except (OSError, ConfigError) as exc:
+            log.debug("sandboxrun: no spill directory of its own for this sandbox: %s", exc)
+
+    def _with_spill_dir(self, request: ExecRequest) -> ExecRequest:
+        """``request`` spilling into this sandbox's directory (when it has one)."""
+        where = self.spill_dir
+        if where is None or request.limits.spill_dir == where:
+            return request
+        limits = request.limits.model_copy(update={"spill_dir": where})
+        return dataclasses.replace(request, limits=limits)
+
+    def context(self) -> backends.Context:
+        return backends.Context(
+            self.workspace,
+            self.policy,
+            self.limits,
+            self.image,
+            self.user,
+            tuple(self._path_prepend),
+        )
+
+    def choose_backend(self) -> tuple[backends.Backend, str | None]:
+        """Probe and create (not open) the backend; refuse docker-only options elsewhere."""
+        backend, reason = backends.select(self._requested, self.context())
+        if (self.image is not None or self.user is not None) and backend.name != "docker":
+            why = f" ({reason})" if reason else ""
+            raise ConfigError(
+                f"--image and --user need the docker backend, not {backend.name}{why}"
+            )
+        return backend, reason
+
+    async def __aenter__(self) -> Self:
+        backend, self.fallback_reason = await anyio.to_thread.run_sync(self.choose_backend)
+        if self._spill_owned:  # old spill files go first (throttled, bounded, never fails)
+            await anyio.to_thread.run_sync(auto_prune, self._spill_root())
+        try:
+            await backend.open()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await backend.close()
+            self._collect_close_errors(backend)
+            raise
+        self._backend = backend
+        self._open_spill()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the sandbox (idempotent). Execs still running are cancelled first and finish
+        their cleanup (TERM, grace, KILL: bounded); each returns a ``cancelled`` result whose
+        ``error`` says the sandbox was closed. Then the backend is closed (container removed)
+        and the sandbox's spill files are removed (unless ``keep_spill``)."""
+        with anyio.CancelScope(shield=True):
+            if self._closed is not None:  # another aclose() is at work: wait for its end
+                await self._closed.wait()
+                return
+            if self._backend is None:
+                return
+            self._closed = closed = anyio.Event()
+            try:
+                for job in list(self._jobs):  # ended like the execs (jobs not yet running too)
+                    job.cancel()
+                for scope in list(self._inflight):
+                    scope.cancel()
+                for done in list(self._inflight.values()):
+                    await done.wait()
+                for job in list(self._jobs):
+                    await job.ended()
+                backend, self._backend = self._backend, None
+                if backend is not None:
+                    await backend.close()
+                    self._collect_close_errors(backend)
+                for job in list(self._jobs):
+                    job.release()
+            finally:
+                spill, self._spill = self._spill, None
+                try:
+                    if spill is not None and self._spill_owned:  # its spill files go too
+                        close_spill = functools.partial(spill.close, keep=self.keep_spill)
+                        await anyio.to_thread.run_sync(close_spill)
+                finally:
+                    self._closed = None
+                    closed.set()
+
+    def _collect_close_errors(self, backend: backends.Backend) -> None:
+        self.close_errors += getattr(backend, "close_errors", [])
+
+    # -- files (sandboxrun/api/files.py, docs/files.md) -------------------------------------------
+    def _files(self) -> files.SandboxFiles:
+        return files.SandboxFiles(
+            self.backend,
+            self.workspace,
+            self.policy,
+            home=self._env.get("HOME"),
+            host_home=self._host_env.get("HOME"),
+        )
+
+    async def read_file(
+        self, path: str | os.PathLike[str], *, max_bytes: int = files.DEFAULT_MAX_BYTES
+    ) -> bytes:
+        """The content of the regular file ``path`` in the sandbox (relative: in the workspace;
+        absolute: the sandbox's view, ``/tmp`` and ``~`` too). A file over ``max_bytes`` raises
+        ``SandboxFileTooLargeError`` (nothing partial); a missing path, a directory, a FIFO or a
+        denied read raise their ``SandboxFileError``; leaving the workspace (``..``, a symlink
+        out) raises ``WorkspaceError``."""
+        return await self._files().read_file(path, max_bytes)
+
+    async def write_file(
+        self,
+        path: str | os.PathLike[str],
+        data: bytes | bytearray | memoryview,
+        *,
+        mode: int = 0o644,
+    ) -> None:
+        """Create or replace the regular file ``path`` in the sandbox with ``data``, as the
+        sandbox would (its credentials, its read-only paths). ``mode``: the permission bits of
+        a new file (less the sandbox's umask; an existing file keeps its own). The directory
+        must exist. Errors as ``read_file``."""
+        await self._files().write_file(path, data, mode)
+
+    async def list_dir(
+        self, path: str | os.PathLike[str] = ".", *, max_entries: int = files.DEFAULT_MAX_ENTRIES
+    ) -> list[files.DirEntry]:
+        """The entries of the directory ``path`` in the sandbox, sorted by name: ``name``,
+        ``kind`` (file, dir, symlink, other: symlinks are not followed), ``size``, ``mode``;
+        more than ``max_entries`` is a ``SandboxFileError``."""
+        return await self._files().list_dir(path, max_entries=max_entries)
+
+    def prepare(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        shell: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        path_prepend: Sequence[str] = (),
+        sink: Sink | None = None,
+        idle_timeout: float | None = None,
+    ) -> ExecRequest:
+        """Validate one command into an ``ExecRequest``. No process is started.
+        ``idle_timeout`` overrides ``Limits.idle_timeout_s`` for this command."""
+        if (argv is None) == (shell is None):
+            raise ConfigError("give exactly one of an argv list or shell='script'")
+        if shell is not None and "\0" in shell:
+            raise ConfigError("the shell script contains a NUL byte")
+        for value in [
+            *(argv or []),
+            shell or "",
+            workdir or "",
+            *(env or {}).values(),
+            *(env or {}),
+        ]:
+            check_encodable(value)
+        cwd = self.workspace.resolve_workdir(workdir)
+        prepend = [*self._path_prepend, *path_prepend]
+        if prepend:
+            join_path_prepend(prepend)
+        explicit = {**self._env, **(env or {})}
+        built = build_env(
+            self._host_env,
+            explicit=explicit,
+            pass_through=[*self._pass_env, *pass_env],
+            pass_proxy=self._pass_proxy,
+        )
+        try:
+            timeout_s = self.limits.effective_timeout(timeout)
+            limits = self.limits.with_idle_timeout(idle_timeout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        request = ExecRequest(
+            run_id=new_run_id(),
+            argv=None if argv is None else validate_argv(argv),
+            script=shell,
+            env=built,
+            path_prepend=prepend,
+            workdir=cwd,
+            workdir_rel=PurePosixPath(cwd.relative_to(self.workspace.root).as_posix()),
+            stdin=stdin,
+            timeout_s=timeout_s,
+            limits=limits,
+            policy=self.policy,
+            sink=sink,
+            explicit=frozenset(explicit),
+            login=self._logins.mode,
+        )
+        if env and self.policy.mask_output:
+            self._secrets.note(redact.secret_pairs(env.items()))
+        return self._with_spill_dir(request)
+
+    def missing_guarantees(self, request: ExecRequest) -> list[str]:
+        enforced = set(self.backend.isolation(request))
+        return [g for g in required_guarantees(self.policy, self.limits) if g not in enforced]
+
+    async def exec(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        shell: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        path_prepend: Sequence[str] = (),
+        sink: Sink | None = None,
+        escalate: EscalationHook | None = None,
+        idle_timeout: float | None = None,
+    ) -> ExecResult:
+        """Run one command and return what happened. Never raises for a non-zero exit.
+
+        ``escalate``: when the run ends with a ``denial`` that a wider policy would allow
+        (``denial.escalate_to``), the hook (sync or async) is called once with the result and
+        that policy. The denial is read from the command's own output, which an untrusted
+        command controls: it can ask for ``network on`` or ``workspace-write`` (never for
+        ``danger-full-access``) by printing the right line, so a hook that approves without
+        looking is a policy bypass. If it returns True the same command runs once more, in a
+        fresh sandbox on the same workspace with the same backend request, limits and options
+        but that policy,
+        and that result is returned with ``escalated_from`` set to this sandbox's policy (the
+        live sink sees both runs). False returns the denied result; an exception raised by the
+        hook propagates (nothing has run again; the denied result is in ``last_result``).
+
+        ``idle_timeout``: seconds without a byte of output after which the run ends as
+        ``timed_out`` with ``timeout_kind="idle"`` (overrides ``Limits.idle_timeout_s``)."""
+        request = self.prepare(
+            argv,
+            shell=shell,
+            workdir=workdir,
+            env=env,
+            pass_env=pass_env,
+            timeout=timeout,
+            stdin=stdin,
+            path_prepend=path_prepend,
+            sink=sink,
+            idle_timeout=idle_timeout,
+        )
+        result = await self.run_request(request)
+        if escalate is None:
+            return result
+        return await self._escalate(result, request, escalate)
+
+    async def start(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        shell: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        stdin: bool | bytes = False,
+        path_prepend: Sequence[str] = (),
+        sink: Sink | None = None,
+    ) -> Job:
+        """Start a background job (``docs/jobs.md``) and return it at once; it runs like an
+        ``exec`` (same validation, refusal, isolation) until it ends, ``job.kill()``, or the
+        sandbox closes. ``timeout`` None: no wall-clock limit (else checked like ``exec``'s);
+        ``idle_timeout``: only the job's own (``Limits.idle_timeout_s`` does not apply).
+        ``stdin``: False ``/dev/null``, bytes as ``exec``, True fed by ``job.write_stdin``."""
+        request = self.prepare(
+            argv,
+            shell=shell,
+            workdir=workdir,
+            env=env,
+            pass_env=pass_env,
+            timeout=timeout,
+            path_prepend=path_prepend,
+            idle_timeout=idle_timeout,
+        )
+        request = dataclasses.replace(
+            request,
+            stdin=None if isinstance(stdin, bool) else bytes(stdin),
+            timeout_s=math.inf if timeout is None else request.timeout_s,
+            limits=request.limits.model_copy(update={"idle_timeout_s": idle_timeout}),
+        )
+        backend = self.backend
+        backend.check_request(request)
+        missing = self.missing_guarantees(request)
+        if missing and (self.policy.strict or not self.policy.allow_degraded):
+            raise PolicyRefusedError(backend.name, missing, strict=self.policy.strict)
+        if self._closed is not None:
+            raise RuntimeError("the Sandbox is closing: no new job can start")
+        stream = StdinStream() if stdin is True else None
+        if stream is not None:
+            request = dataclasses.replace(request, stdin=stream)
+        job = Job(request, backend=backend.name, stdin=stream, sink=sink, on_end=self._job_ended)
+        self._jobs.append(job)
+        job.launch(self.run_request)
+        return job
+
+    def jobs(self) -> list[Job]:
+        """The jobs started in this sandbox, oldest first: every running one and the newest
+        ``max_ended_jobs`` ended ones that were not ``forget``-ed."""
+        return list(self._jobs)
+
+    def forget(self, job: Job) -> None:
+        """Drop an ended job from ``jobs()`` and remove its spill files (``Job.release``): the
+        job object keeps its result and the memory part of its logs. ``RuntimeError`` for a
+        job still running (``kill`` or ``wait`` first). Idempotent."""
+        if not job.done:
+            raise RuntimeError(f"job {job.id} is still running: kill() or wait() for it first")
+        if job in self._jobs:
+            self._jobs.remove(job)
+        job.release()
+
+    def _job_ended(self, job: Job) -> None:
+        """A job ended: past ``max_ended_jobs``, release the oldest ended ones."""
+        ended = sorted((j for j in self._jobs if j.done), key=lambda j: j.ended_at or 0.0)
+        for old in ended[: max(0, len(ended) - max(0, self.max_ended_jobs))]:
+            self.forget(old)
+
+    def escalated(self, request: ExecRequest, policy: Policy) -> tuple[Sandbox, ExecRequest]:
+        """A fresh, unopened ``Sandbox`` like this one (workspace, requested backend, limits,
+        env options, image, user) but under ``policy``, and ``request`` re-made for it (same
+        command, environment, workdir, stdin and sink; a new run id)."""
+        sandbox = Sandbox(
+            self.workspace.root,
+            backend=self._requested,
+            policy=policy,
+            limits=self.limits,
+            env=self._env,
+            pass_env=self._pass_env,
+            pass_proxy=self._pass_proxy,
+            path_prepend=self._path_prepend,
+            host_env=self._host_env,
+            image=self.image,
+            user=self.user,
+            login=self._logins.mode,
+            login_shell=self._logins.shell,
+        )
+        sandbox.keep_spill = self.keep_spill
+        if self._spill is not None:  # this one is open: the re-run's results outlive it
+            sandbox._spill, sandbox._spill_owned = self._spill, False
+        # else (the CLI's --ask re-runs after the first sandbox closed) it has its own locked
+        # spill directory, removed at its close unless kept, like any sandbox's
+        again = dataclasses.replace(request, run_id=new_run_id(), policy=policy)
+        return sandbox, again
+
+    async def _escalate(
+        self, result: ExecResult, request: ExecRequest, hook: EscalationHook
+    ) -> ExecResult:
+        """Ask ``hook`` once about ``result``'s denial; on approval re-run once (no further
+        escalation) under the proposed policy. ``aclose()`` cancels the re-run like any exec."""
+        found = result.denial
+        if found is None or found.escalate_to is None or found.escalate_to == self.policy:
+            return result
+        answer = hook(result, found.escalate_to)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if not answer or self._closed is not None or self._backend is None:
+            return result
+        widened, again = self.escalated(request, found.escalate_to)
+        escalated_from = {"escalated_from": self.policy}
+        scope, done = anyio.CancelScope(), anyio.Event()
+        self._inflight[scope] = done
+        rerun: ExecResult | None = None
+        try:
+            with scope:
+                async with widened:
+                    rerun = await widened.run_request(again)
+        finally:
+            del self._inflight[scope]
+            done.set()
+            self.close_errors += widened.close_errors
+        if rerun is None:  # aclose() cancelled the re-run: its cancelled result, if it started
+            closed = widened.last_result or result
+            rerun = closed.model_copy(
+                update={"error": "cancelled: the sandbox was closed during the command"}
+            )
+        rerun = rerun.model_copy(update=escalated_from)
+        self.last_result = rerun
+        return rerun
+
+    def _diagnose(self, result: ExecResult, request: ExecRequest) -> ExecResult:
+        """``result`` with ``denial`` set when the sandbox refused something or a limit was hit
+        (``sandboxrun.engine.denial``); diagnosis never fails a run."""
+        if result.status not in denial.DIAGNOSED:
+            return result
+        try:
+            facts = denial.host_facts(result, self.workspace.root, workdir=request.workdir)
+            found = denial.diagnose(result, request.policy, facts, request.limits)
+        except Exception:  # a diagnosis is a courtesy: the result stands without it
+            log.debug("sandboxrun: diagnosing run %s failed", result.run_id, exc_info=True)
+            return result
+        return result if found is None else result.model_copy(update={"denial": found})
+
+    async def run_request(
+        self, request: ExecRequest, scope: anyio.CancelScope | None = None
+    ) -> ExecResult:
+        """Run a prepared request. ``scope``: the run's own cancel scope (a job's: cancelling
+        it ends the run like ``aclose`` does, with a ``cancelled`` result), else a new one."""
+        backend = self.backend
+        request = self._with_spill_dir(request)
+        backend.check_request(request)
+        missing = self.missing_guarantees(request)
+        if missing and (self.policy.strict or not self.policy.allow_degraded):
+            raise PolicyRefusedError(backend.name, missing, strict=self.policy.strict)
+        if missing and tuple(missing) not in self._warned:
+            self._warned.add(tuple(missing))
+            log.warning(
+                "sandboxrun: backend %s cannot enforce: %s", backend.name, ", ".join(missing)
+            )
+        if self._closed is not None:
+            raise RuntimeError("the Sandbox is closing: no new command can start")
+        facts = self._facts(request, missing)  # the per-command form until the login resolves
+        scope, done = anyio.CancelScope() if scope is None else scope, anyio.Event()
+        self._inflight[scope] = done
+        started, login_s, login_warning = time.monotonic(), 0.0, None
+        result: ExecResult | None = None
+        unstarted: tuple[Status, str] = ("cancelled", "cancelled before the command started")
+        try:
+            with scope:
+                try:  # the login-shell snapshot (sandboxrun.api.login), in the run's scope and time
+                    request, login_warning = await self._logins.resolve(request, self._raw_exec)
+                except NotRun as exc:
+                    unstarted = (exc.status, str(exc))
+                else:
+                    login_s, facts = time.monotonic() - started, self._facts(request, missing)
+                    result, cancelled = await backend.exec(request, facts)
+                    self.last_result = self._masked(result, request)
+                    if cancelled is not None:
+                        raise cancelled
+        except anyio.get_cancelled_exc_class():
+            if result is None:  # the caller's cancellation, before the command started
+                self.last_result = self._masked(
+                    unstarted_result(facts, *unstarted, started), request
+                )
+            raise
+        finally:
+            del self._inflight[scope]
+            done.set()
+        if scope.cancelled_caught and (result is None or result.status == "cancelled"):
+            # aclose() cancelled it, not the caller (a run that had already completed when the
+            # cancellation landed keeps its result as it is)
+            unstarted = ("cancelled", "cancelled: the sandbox was closed during the command")
+            if result is not None:
+                result = result.model_copy(update={"error": unstarted[1]})
+        if result is None:  # closed before the backend started anything, or NotRun
+            result = unstarted_result(facts, *unstarted, started)
+        elif login_s:
+            result = result.model_copy(update={"duration_s": round(result.duration_s + login_s, 6)})
+        if login_warning is not None:
+            result = result.model_copy(update={"warnings": [*result.warnings, login_warning]})
+        result = self._masked(self._diagnose(result, request), request)
+        self.last_result = result
+        return result
+
+    @staticmethod
+    def _masked(result: ExecResult, request: ExecRequest) -> ExecResult:
+        """``result`` as the caller sees it: every string masked (``error``, ``warnings``, the
+        denial's evidence and message, ``argv``, ...) with the values its output was masked
+        with; the policy a denial offers is kept exact (it is what an escalation runs)."""
+        return redact.mask_model(result, redact.redactor_for(request), keep=(Policy,))
+
+    def _facts(self, request: ExecRequest, missing: list[str]) -> RunFacts:
+        backend = self.backend
+        return RunFacts(
+            backend=backend.name,
+            argv=redact.mask_argv(backend.command(request), request),
+            run_id=request.run_id,
+            isolation=backend.isolation(request),
+            missing=missing,
+            fallback_reason=self.fallback_reason,
+        )
+
+    async def _raw_exec(self, request: ExecRequest) -> ExecResult:
+        """Run ``request`` as is (``login.Logins``'s snapshot), in the caller's scope."""
+        result, cancelled = await self.backend.exec(request, self._facts(request, []))
+        if cancelled is not None:
+            raise cancelled
+        return result
+
+
+def unstarted_result(facts: RunFacts, status: Status, error: str, started: float) -> ExecResult:
+    """The result of a command that never started (``status``: why)."""
+    return ExecResult(
+        status=status,
+        timed_out=status == "timed_out",
+        timeout_kind="wall" if status == "timed_out" else None,
+        duration_s=round(time.monotonic() - started, 6),
+        backend=facts.backend,
+        isolation=facts.isolation,
+        missing_guarantees=facts.missing,
+        fallback_reason=facts.fallback_reason,
+        argv=facts.argv,
+        run_id=facts.run_id,
+        error=error,
+    )
+
+
+def run(
+    argv: Sequence[str] | None = None,
+    *,
+    shell: str | None = None,
+    workspace: str | os.PathLike[str] = ".",
+    backend: str = "auto",
+    policy: Policy | None = None,
+    limits: Limits | None = None,
+    workdir: str | None = None,
+    env: Mapping[str, str] | None = None,
+    pass_env: Sequence[str] = (),
+    pass_proxy: bool = False,
+    path_prepend: Sequence[str] = (),
+    timeout: float | None = None,
+    stdin: bytes | None = None,
+    escalate: EscalationHook | None = None,
+    keep_spill: bool = False,
+) -> ExecResult:
+    """Synchronous one-shot: open a sandbox, run one command, close it (``escalate``: see
+    ``Sandbox.exec``). The result's ``*_spill`` files are removed with the sandbox unless
+    ``keep_spill``."""
+
+    async def go() -> ExecResult:
+        async with Sandbox(
+            workspace,
+            backend=backend,
+            policy=policy,
+            limits=limits,
+            pass_proxy=pass_proxy,
+            keep_spill=keep_spill,
+        ) as sb:
+            return await sb.exec(
+                argv,
+                shell=shell,
+                workdir=workdir,
+                env=env,
+                pass_env=pass_env,
+                timeout=timeout,
+                stdin=stdin,
+                path_prepend=path_prepend,
+                escalate=escalate,
+            )
+
+    return anyio.run(go)

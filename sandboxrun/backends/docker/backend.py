@@ -1,0 +1,571 @@
+"""The docker backend: one hardened, workspace-mapped container per ``Sandbox``; many execs.
+
+Lifecycle calls retry transient engine failures and have deadlines (``dockerapi``); execs go
+through the Engine API (create/start on the raw socket, exit code from exec inspect) and the
+multiplexed stream is demultiplexed here (``demux``). Docker cannot kill an exec, so the exec's
+processes are found by their ``SANDBOXRUN_RUN_ID`` marker and their descendants, on this host's
+/proc when the engine is local (fast, ~3 ms), else by an in-container sweep exec, and receive
+TERM, grace, KILL until none is left (``docker_run``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import docker.errors
+from docker import DockerClient
+
+from sandboxrun.backends.base import Probe
+from sandboxrun.backends.client import RunnerClient
+from sandboxrun.backends.docker import api as dockerapi
+from sandboxrun.backends.docker import cgroup as docker_cgroup
+from sandboxrun.backends.docker import config as cfg
+from sandboxrun.backends.docker import hint as image_hint
+from sandboxrun.backends.docker import rendezvous as sv
+from sandboxrun.backends.docker import seccomp as docker_seccomp
+from sandboxrun.backends.docker.config import BASE_IMAGE
+from sandboxrun.backends.docker.engine_exec import DockerRun, start_timeout
+from sandboxrun.backends.supervised import Checks, supervised_exec
+from sandboxrun.engine import argv
+from sandboxrun.engine.paths import CONTAINER_ROOT, Workspace
+from sandboxrun.engine.request import ExecRequest
+from sandboxrun.engine.supervise import (
+    RunFacts,
+    build_result,
+    captures,
+    sandbox_error_result,
+    supervise_request,
+)
+from sandboxrun.errors import BackendError, SandboxUnavailableError
+from sandboxrun.models import BackendName, ExecResult, Limits, Policy
+from sandboxrun.supervisor import procfs as proctree
+from sandboxrun.supervisor.procfs import MARKER_VAR
+
+CLOSE_BUDGET_S = 15.0
+"""How long closing may take in all: removal attempts, retries and backoff."""
+REMOVE_ATTEMPT_S = 5.0
+"""The deadline of one removal request (a stalled engine is asked again)."""
+log = logging.getLogger("sandboxrun")
+
+
+def probe_docker(image: str = BASE_IMAGE) -> Probe:
+    try:
+        client = dockerapi.connect(dockerapi.PROBE_TIMEOUT_S)
+    except SandboxUnavailableError as exc:  # the reason alone: the caller names the backend
+        return Probe("docker", False, exc.reason, ())
+    except Exception as exc:  # any failure to reach the engine is a reason to fall back
+        return Probe("docker", False, str(exc), ())
+    try:
+        client.api.inspect_image(image)  # type: ignore[no-untyped-call]
+    except docker.errors.NotFound:  # how to get it: pull where a registry has it, or build
+        return Probe("docker", False, image_hint.missing_image(client, image), ())
+    except Exception as exc:
+        return Probe("docker", False, f"cannot inspect image {image}: {exc}", ())
+    finally:
+        client.close()
+    # What a docker sandbox can give, whatever the policy and limits asked (a sandbox's own
+    # ``isolation`` says what it does give: e.g. only the limits its cgroup really shows).
+    default_user = cfg.parse_user(None)
+    every = Policy(access="read-only"), Limits(cpus=1)  # asks for every guarantee
+    enforced = cfg.isolation(every[0], every[1], default_user, seccomp=True)
+    return Probe("docker", True, None, tuple(enforced))
+
+
+def main_processes(init_pid: int, wait_s: float = 10.0) -> frozenset[int]:
+    """The container's own main process(es): the init's children once it has forked them (a
+    main process recorded too early would later look like a leftover of some exec)."""
+    deadline = time.monotonic() + wait_s
+    while proctree.alive(init_pid):
+        found = frozenset(p.pid for p in proctree.process_table().values() if p.ppid == init_pid)
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.005)
+    return frozenset()  # the init is gone: the container is dying (seen by the first exec)
+
+
+def engine_visible(pid: int, cid: str) -> bool:
+    """Whether the container's PID 1 (the engine's ``pid``) is a process of this host: its
+    cgroup names the container (readable by anyone, also when PID 1 is the non-dumpable
+    supervisor, whose ``environ`` only root may read), else its ``environ`` can be read."""
+    if any(cid in path for _, path in proctree.cgroup_lines(pid)):
+        return True
+    return os.access(f"/proc/{pid}/environ", os.R_OK)
+
+
+def engine_socket() -> str | None:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return host.removeprefix("unix://") if host.startswith("unix://") else None
+
+
+class DockerBackend:
+    name: BackendName = "docker"
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        policy: Policy,
+        limits: Limits,
+        image: str | None,
+        user: str | None,
+    ) -> None:
+        cfg.check_workspace_utf8(workspace.root)  # before anything reaches the engine
+        cfg.check_workspace(workspace.root, engine_socket())
+        cfg.check_limits(limits, cpu_count=os.cpu_count() if engine_socket() else None)
+        self.workspace = workspace
+        self.policy = policy
+        self.limits = limits
+        self.image = image or BASE_IMAGE
+        owner: tuple[int, int] | None = None
+        if user is None and os.geteuid() == 0:  # root runs the command as the owner, if not root
+            try:
+                st = workspace.root.stat()
+                owner = (st.st_uid, st.st_gid)
+            except OSError:
+                owner = None
+        self.user = cfg.parse_user(user, owner=owner)
+        self.seccomp = True
+        """Whether containers get sandboxrun's seccomp profile (False once the engine said it
+        cannot apply one: they then get the engine's default and ``isolation`` says so)."""
+        self.shell = "bash" if image is None else "sh"
+        self.client: DockerClient | None = None
+        self.container_id: str | None = None
+        self.local = False
+        self.init_pid: int | None = None
+        self.keep: frozenset[int] = frozenset()
+        self.cgroup_procs: str | None = None
+        self.run_cgroup_base: Path | None = None
+        """The container's cgroup v2 directory, when each exec gets a child cgroup there."""
+        self.active: set[str] = set()
+        self.recycle_needed = False
+        self._recycle_lock = anyio.Lock()
+        self.limits_shown: set[str] | None = None
+        """The limits the container's cgroup really shows (local engines), else None."""
+        self.close_errors: list[str] = []
+        """What closing could not do (a container left behind), one sentence each."""
+        self.supervisor: RunnerClient | None = None
+        """The supervisor inside the container (``docker_supervisor``), once it connected;
+        None: commands go through the engine's exec API (no python3, remote engine)."""
+        self.want_supervisor = engine_socket() is not None
+        """Whether to start one: the host directory it comes from must be on the engine's
+        host (a local unix socket; ``SANDBOXRUN_DOCKER_SUPERVISOR=0`` turns it off)."""
+        if os.environ.get("SANDBOXRUN_DOCKER_SUPERVISOR", "1") == "0":
+            self.want_supervisor = False
+        self._rendezvous: sv.Rendezvous | None = None
+        self.oom_file: str | None = None
+        """The container's OOM-kill counter file (local engines), found once at open."""
+        self.supervisor_pid: int | None = None
+        """The supervisor's host pid (local engines), once it connected."""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def open(self) -> None:
+        conn = await anyio.to_thread.run_sync(self._open_sync)
+        if conn is not None:
+            supervisor = RunnerClient()
+            try:
+                await supervisor.attach(conn, start_timeout(self.limits.cpus))
+            except BaseException:  # cancelled, or no ready: the caller's close removes the rest
+                conn.close()
+                raise
+            supervisor.watch(self.supervisor_pid)  # stopped or gone: seen from here at once
+            self.supervisor = supervisor
+
+    def _open_sync(self) -> socket.socket | None:
+        self.keep, self.init_pid, self.supervisor_pid = frozenset(), None, None  # a recycle's
+        self.client = dockerapi.connect()
+        parent = sv.parent_dir(self.workspace.root) if self.want_supervisor else None
+        if parent is not None:
+            self._rendezvous = sv.Rendezvous(parent)
+        try:
+            cid = self._create()
+        except BackendError as exc:
+            if self._rendezvous is None or "bind source path does not exist" not in str(exc):
+                raise
+            # the engine does not see this host's files (docker-in-docker, a VM, ssh):
+            # the sandbox runs without a supervisor, through the engine's exec path
+            self._rendezvous.close()
+            self._rendezvous = None
+            cid = self._create()
+        if not self._start(cid):
+            self.seccomp = False
+            log.warning(
+                "sandboxrun: the docker engine cannot apply a seccomp profile: the sandbox runs "
+                "under its default (`seccomp` is not in isolation)"
+            )
+            self._discard(cid)
+            cid = self._create()
+            self._start(cid)
+        self._learn(cid)
+        wanted = self._rendezvous is not None
+        conn = self._meet_supervisor()
+        if conn is None and wanted and self.local:
+            # No supervisor can run here (no usable python3): a container with an init to
+            # reap the engine's execs' orphans, which the idle ``sleep`` would not.
+            self._discard(cid)
+            self.keep = frozenset()
+            cid = self._create()
+            self._start(cid)
+            self._learn(cid)
+        return conn
+
+    def _learn(self, cid: str) -> None:
+        """What this host sees of the started container ``cid``: its PID 1, own processes,
+        cgroup, limits and OOM counter (a local engine's only)."""
+        state = self.inspect_state()
+        if not state.get("Running"):
+            raise BackendError(f"the sandbox container did not start: {state}")
+        pid = int(state.get("Pid") or 0)
+        self.local = pid > 0 and engine_visible(pid, cid)
+        if self.local:
+            self.init_pid = pid
+            if self._rendezvous is None:  # the init's children now are the main process
+                self.keep = main_processes(pid)
+            self.cgroup_procs = proctree.cgroup_procs_file(pid)
+            self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
+            self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
+            self.oom_file = proctree.oom_file(pid)
+
+    def _discard(self, cid: str) -> None:
+        """Remove a container set up in vain (it is started again another way)."""
+        assert self.client is not None
+        self.container_id = None
+        error = dockerapi.remove_container(
+            self.client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
+        )
+        if error is not None:
+            self._left_behind(cid, error)
+
+    def _meet_supervisor(self) -> socket.socket | None:
+        """Our end of the supervisor's connection, or None: the image cannot run one (a
+        ``sleep`` idles in the container instead) or the engine's processes are not visible
+        here. The supervisor may sit below an entrypoint that forks: any process of the
+        container may be it (nothing else runs there before it connects)."""
+        rendezvous, self._rendezvous = self._rendezvous, None
+        if rendezvous is None:
+            return None
+        init = self.init_pid
+        if not self.local or init is None or self.cgroup_procs is None:
+            rendezvous.close()
+            return None
+        procs = self.cgroup_procs
+
+        def gave_up() -> bool:
+            if not proctree.alive(init):
+                raise BackendError("the sandbox container stopped while its supervisor started")
+            return sv.sleeping(proctree.read_pids(procs))
+
+        met = rendezvous.accept(
+            start_timeout(self.limits.cpus), lambda pid: sv.descends_from(pid, init), gave_up
+        )
+        if met is None:
+            if not sv.sleeping(proctree.read_pids(procs)):
+                raise BackendError("the sandbox's supervisor did not connect")
+            return None
+        conn, self.supervisor_pid = met
+        chain: set[int] = {init}
+        pid = self.supervisor_pid
+        while pid not in (init, 0) and len(chain) < 64:  # an entrypoint's processes above it
+            chain.add(pid)
+            found = proctree.read_proc(pid)
+            pid = found.ppid if found is not None else 0
+        self.keep = self.keep | frozenset(chain - {init})
+        return conn
+
+    def _create(self) -> str:
+        assert self.client is not None
+        api = self.client.api
+        config = cfg.host_config(
+            workspace=self.workspace.root,
+            policy=self.policy,
+            limits=self.limits,
+            image=self.image,
+            user=self.user,
+            lbls=cfg.labels(self.workspace.root),
+            seccomp=docker_seccomp.profile_json() if self.seccomp else None,
+            supervisor=None
+            if self._rendezvous is None
+            else (self._rendezvous.dir, sv.MOUNT, sv.MAIN_COMMAND),
+        )
+        host = api.create_host_config(**config.pop("host_config"))
+        created = dockerapi.once(
+            lambda: api.create_container(host_config=host, **config),
+            what="create the sandbox container",
+        )
+        cid = self.container_id = str(created["Id"])
+        return cid
+
+    def _start(self, cid: str) -> bool:
+        """Start the container: False (at once, no retry) when the engine cannot apply the
+        seccomp profile it was given."""
+        assert self.client is not None
+        api = self.client.api
+
+        def start() -> bool:
+            try:
+                api.start(cid)
+            except docker.errors.APIError as exc:
+                if self.seccomp and cfg.seccomp_unsupported(str(exc)):
+                    return False
+                raise
+            return True
+
+        return dockerapi.retrying(start, what="start the sandbox container")
+
+    def dying(self) -> bool:
+        """Whether the container's own processes (init, main) are gone: read from /proc, so it
+        shows at once what the engine reports a moment later (local engines only)."""
+        if not self.init_pid:
+            return False
+        own = (self.init_pid, *self.keep, *([self.supervisor_pid] if self.supervisor_pid else []))
+        return not all(proctree.alive(pid) for pid in own)
+
+    def inspect_state(self) -> dict[str, Any]:
+        client, cid = self.client, self.container_id
+        assert client is not None and cid is not None
+        info = dockerapi.retrying(
+            lambda: client.api.inspect_container(cid), what="inspect the sandbox container"
+        )
+        return dict(info.get("State") or {})
+
+    async def close(self) -> None:
+        """Remove the container within ``CLOSE_BUDGET_S``; what could not be removed is logged
+        and added to ``close_errors`` (it keeps its labels: ``sandboxrun clean`` removes it)."""
+        cid = self.container_id
+        supervisor, self.supervisor = self.supervisor, None
+        self.supervisor_pid = None
+        if supervisor is not None:
+            with anyio.move_on_after(1.0):
+                await supervisor.close()
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
+        with anyio.move_on_after(CLOSE_BUDGET_S + 2.0) as scope:
+            await anyio.to_thread.run_sync(self._close_sync, abandon_on_cancel=True)
+        if scope.cancelled_caught and cid is not None:  # a safety net: attempts have deadlines
+            self._left_behind(cid, "the engine did not answer")
+
+    def _close_sync(self) -> None:
+        # Taken at once: an abandoned close thread must never clear a later (reopened) client.
+        client, self.client = self.client, None
+        cid, self.container_id = self.container_id, None
+        if client is not None and cid is not None:
+            error = dockerapi.remove_container(
+                client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
+            )
+            if error is not None:
+                self._left_behind(cid, error)
+        if client is not None:
+            client.close()
+
+    def _left_behind(self, cid: str, why: str) -> None:
+        message = (
+            f"could not remove the sandbox container {cid[:12]} ({why}); "
+            "`sandboxrun clean` removes it once this process has exited"
+        )
+        self.close_errors.append(message)
+        log.warning("sandboxrun: %s", message)
+
+    # -- commands ---------------------------------------------------------------------------
+    def isolation(self, request: ExecRequest) -> list[str]:
+        return cfg.isolation(
+            self.policy, self.limits, self.user, shown=self.limits_shown, seccomp=self.seccomp
+        )
+
+    def command(self, request: ExecRequest) -> list[str]:
+        """``argv.command``: the argv itself (or ``<shell> -c script``) under a login-shell
+        snapshot, else the per-command login-shell wrapper."""
+        return argv.command(request, self.shell)
+
+    def env(self, request: ExecRequest) -> dict[str, str]:
+        """Under a login-shell snapshot the whole environment (``argv.exec_env``: PATH
+        included; the host's ``HOST_ONLY`` paths only when explicit; ``HOME`` the container's
+        unless given; ``PWD`` the workdir: the supervisor's own would be inherited); else
+        ``docker_config.exec_env`` (``raw``: no wrapper variables)."""
+        marker = (MARKER_VAR, request.run_id)
+        if argv.uses_snapshot(request):
+            owned = {marker[0]: marker[1]}
+            if "PWD" not in request.explicit:
+                owned["PWD"] = self.workdir(request)
+            if "HOME" not in request.explicit:
+                owned["HOME"] = cfg.HOME
+            return argv.exec_env(request, owned=owned, drop=cfg.HOST_ONLY, utf8_only=True)
+        raw = request.login == "raw"
+        return cfg.exec_env(
+            request.env,
+            explicit=request.explicit - {"PATH"} if raw else request.explicit,
+            marker=marker,
+            prepend=() if raw else request.path_prepend,
+        )
+
+    def check_request(self, request: ExecRequest) -> None:
+        """The Engine API is JSON: refuse (``InputError``) argv, script, variables or workdir
+        that are not UTF-8 instead of letting the engine mangle them into U+FFFD."""
+        cfg.check_utf8(
+            argv=request.argv,
+            script=request.script,
+            env=self.env(request),
+            workdir=self.workdir(request),
+        )
+
+    def workdir(self, request: ExecRequest) -> str:
+        return str(CONTAINER_ROOT / request.workdir_rel)
+
+    def describe(self, request: ExecRequest) -> list[str]:
+        return cfg.docker_exec_argv(
+            self.container_id or "<sandbox-container>",
+            self.command(request),
+            env=self.env(request),
+            workdir=self.workdir(request),
+            user=self.user,
+            interactive=request.stdin is not None,
+        )
+
+    async def exec(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        await self.revive()  # a supervisor stopped while nobody waited: replaced before this
+        if self.client is None or self.container_id is None:
+            raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
+        if self.supervisor is not None:
+            return await self._exec_supervised(request, facts)
+        facts.via = "engine"
+        started = time.monotonic()
+        out, err = captures(request)
+        run = DockerRun(self, request, out, err)
+        self.active.add(request.run_id)  # visible to a recycle from now on (no await before)
+        try:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await run.start()
+                except BackendError as exc:
+                    return sandbox_error_result(facts, out, err, started, exc), None
+            sup = await supervise_request(run, request, started)
+            result = build_result(facts, sup, out, err)
+            with anyio.CancelScope(shield=True):
+                result = await run.classify(result)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(run.close)
+            out.close()
+            err.close()
+        return result, sup.cancel_exc
+
+    async def _exec_supervised(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        """Run through the supervisor in the container (``backends/supervised``); OOM kills
+        and the container's death are read from the host, as is what of the run is left."""
+        supervisor = self.supervisor
+        assert supervisor is not None
+        facts.via = "supervisor"
+        if supervisor.dead or self.dying():
+            self.recycle_needed = True
+            error = BackendError("the sandbox container is not running (it will be recreated)")
+            out, err = captures(request)
+            try:
+                return sandbox_error_result(facts, out, err, time.monotonic(), error), None
+            finally:
+                out.close()
+                err.close()
+        message = {
+            "argv": self.command(request),
+            "env": self.env(request),
+            "cwd": self.workdir(request),
+            "inherit": True,  # the image's environment under it, as ``docker exec`` gives
+            "oom_score_adj": 1000,  # the OOM killer takes a command, not the supervisor
+        }
+        oom: list[int | None] = []
+
+        def before() -> None:
+            oom.append(proctree.read_oom(self.oom_file) if self.oom_file else None)
+
+        async def verify(run_id: str) -> int:
+            if not self._leftovers(run_id, kill=False):  # one cgroup read: no thread needed
+                return 0
+            return await anyio.to_thread.run_sync(self._leftovers, run_id)
+
+        async def classify(result: ExecResult) -> ExecResult:
+            if result.status == "completed" and not supervisor.dead:
+                return result  # exited 0 and everything of it gone: nothing more to ask
+            if supervisor.dead or self.dying():
+                self.recycle_needed = True
+                why = supervisor.dead or "its supervisor is gone"
+                return result.model_copy(
+                    update={
+                        "status": "sandbox_error",
+                        "error": "the sandbox container stopped or was removed during the "
+                        f"exec ({why}); the next command gets a fresh container",
+                    }
+                )
+            after = proctree.read_oom(self.oom_file) if self.oom_file else None
+            killed = result.status == "failed" and result.signal == "SIGKILL"
+            if killed and None not in (*oom, after) and oom != [after]:
+                return result.model_copy(update={"status": "oom_killed"})
+            return result
+
+        self.active.add(request.run_id)
+        try:
+            return await supervised_exec(
+                supervisor, request, facts, message, Checks(verify, classify, before)
+            )
+        finally:
+            self.active.discard(request.run_id)
+
+    def _leftovers(self, run_id: str, kill: bool = True) -> int:
+        """What of a run the supervisor said was over is still alive, seen from the host
+        (the container's cgroup: forks and cleared environments cannot hide from it): with
+        no other run active, every process but the container's own; else those whose nearest
+        marked ancestor is this run. Those found in the first look, and what they fork, are
+        killed (a neighbour's run starting meanwhile is never taken for one of them); returns
+        how many could not be (``kill=False``: how many there are, one look)."""
+        if not self.cgroup_procs or not self.init_pid:
+            return 0
+        base = self.keep | {self.init_pid}
+        known: set[tuple[int, int]] | None = None
+        deadline = time.monotonic() + 1.0
+        while True:
+            others = frozenset(self.active - {run_id})  # read afresh: execs come and go
+            live = proctree.cgroup_members(self.cgroup_procs, run_id, base=base, others=frozenset())
+            if others:
+                table = {p.pid: p for p in live}
+                live = [p for p in live if proctree.owner_by_marker(p.pid, table) == run_id]
+            if known is None:
+                known = {(p.pid, p.start) for p in live}
+            else:
+                parents = {pid for pid, _ in known}
+                live = [p for p in live if (p.pid, p.start) in known or p.ppid in parents]
+                known |= {(p.pid, p.start) for p in live}
+            if not live or not kill or time.monotonic() > deadline:
+                return len(live)
+            proctree.signal_all(live, signal.SIGKILL)
+            time.sleep(0.01)
+
+    async def revive(self) -> None:
+        """Before a call uses the sandbox: a supervisor seen dead now (exited, stopped, its
+        limits changed: ``RunnerClient.probe``), or a container marked for it, is replaced
+        (``_recycle``; a call meanwhile waits for the one under way)."""
+        if self.supervisor is not None:
+            self.supervisor.probe(deep=True)
+            self.recycle_needed = self.recycle_needed or self.supervisor.dead is not None
+        if self.recycle_needed or self._recycle_lock.locked():
+            await self._recycle()
+
+    async def _recycle(self) -> None:
+        """Replace the container, once, after the execs still running in it have ended (they
+        are not killed by a neighbour's recycle; new execs wait here meanwhile)."""
+        async with self._recycle_lock:
+            if not self.recycle_needed:
+                return  # another exec recycled it while this one waited
+            while self.active:  # noqa: ASYNC110 - runs leave `active` in worker threads
+                await anyio.sleep(0.05)
+            with anyio.CancelScope(shield=True):  # never half done: no container, or a leak
+                await self.close()
+                await self.open()
+            self.recycle_needed = False  # only now: a failed open is retried by the next exec

@@ -1,0 +1,489 @@
+"""One exec in the sandbox container, as the ``RunHandle`` that ``process.supervise`` drives."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import docker.errors
+
+from sandboxrun.backends.docker import api as dockerapi
+from sandboxrun.backends.docker import config as cfg
+from sandboxrun.backends.docker.cgroup import RunCgroup, is_stub, stub_argv
+from sandboxrun.backends.docker.demux import FrameDecoder, FrameError
+from sandboxrun.engine.capture.stream import StreamCapture
+from sandboxrun.engine.request import ExecRequest, StdinStream
+from sandboxrun.engine.supervise import KILL_BUDGET_S, Termination
+from sandboxrun.errors import BackendError
+from sandboxrun.models import ExecResult
+from sandboxrun.supervisor import procfs as proctree
+
+if TYPE_CHECKING:
+    from sandboxrun.backends.docker.backend import DockerBackend
+
+CHUNK = 64 * 1024
+YIELD_EVERY = 16
+POLL_S = 0.25
+SWEEP_TICK_S = 0.02
+DEATH_WAIT_S = 1.0
+LEFTOVER_DEATH_WAIT_S = 0.2
+START_TIMEOUT_S = 10.0
+"""How long an exec may take to appear in the container before the run is a sandbox error
+(plus ``START_CPU_S`` of the container's CPU share, see ``start_timeout``)."""
+START_CPU_S = 0.2
+"""CPU time the runtime's start of an exec may need inside the container's cgroup: under a
+CPU quota of ``cpus`` it takes ``START_CPU_S / cpus`` of wall time (20 s at 1 %)."""
+
+
+def start_timeout(cpus: float | None) -> float:
+    """How long to wait for an exec to appear: a wedged engine is a sandbox error, a start
+    slowed by the container's own CPU quota (``runc init`` runs in its cgroup) is not."""
+    return START_TIMEOUT_S + (START_CPU_S / cpus if cpus else 0.0)
+
+
+START_POLL_S = 0.001
+START_POLL_MAX_S = 0.02
+START_FAST_S = 0.5
+"""For this long the handshake polls every ``START_POLL_S`` (an engine starts an exec in tens
+of ms, and every ms of polling delay is a ms of every exec); then it backs off."""
+INSPECT_EVERY_S = 0.1
+
+
+def wait_status_from_exit_code(code: int | None) -> int | None:
+    """The engine reports a signal death as 128+N: turn it into a raw wait status."""
+    if code is None or code < 0:
+        return None
+    if 128 < code < 128 + 65:
+        return code - 128
+    return (code & 0xFF) << 8
+
+
+class DockerRun:
+    def __init__(
+        self, backend: DockerBackend, request: ExecRequest, out: StreamCapture, err: StreamCapture
+    ) -> None:
+        self.backend = backend
+        self.request = request
+        self.captures = {"stdout": out, "stderr": err}
+        self.decoder = FrameDecoder(lambda name, data: self.captures[name].feed(data))
+        self.exec_id = ""
+        self.exec_pid = 0
+        self.exec_start: int | None = None  # the exec pid's start time (a reused pid is not it)
+        self.oom_before: int | None = None
+        self.sock: socket.socket | None = None
+        self.keep: Any = None  # docker-py's socket wrapper, kept alive with the socket
+        self.initial = b""  # stream bytes read with the exec-start response head
+        self.eof = False
+        self.eof_event = anyio.Event()
+        self.stream_error: str | None = None
+        self.exit_info: dict[str, Any] | None = None
+        self.termination: Termination | None = None
+        self.termed: set[tuple[int, int]] = set()
+        self.had_leftovers = False
+        self.stdin_left = request.stdin
+        base = backend.run_cgroup_base
+        self.cgroup = RunCgroup(base, request.run_id) if base is not None else None
+
+    @property
+    def api(self) -> Any:
+        client = self.backend.client
+        if client is None:
+            raise BackendError("docker: the sandbox was closed")
+        return client.api
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self._start_sync)
+
+    def _start_sync(self) -> None:
+        backend, request = self.backend, self.request
+        backend.active.add(request.run_id)
+        if backend.init_pid:
+            self.oom_before = proctree.oom_kills(backend.init_pid)
+        if backend.dying():
+            backend.recycle_needed = True
+            raise BackendError("the sandbox container is not running (it will be recreated)")
+        command = backend.command(request)
+        if self.cgroup is not None:
+            try:
+                self.cgroup.create()
+            except OSError as exc:
+                raise BackendError(
+                    f"cannot create the exec's cgroup {self.cgroup.path}: {exc}"
+                ) from exc
+            command = stub_argv(command)
+        created = dockerapi.once(
+            lambda: self.api.exec_create(
+                backend.container_id,
+                command,
+                stdin=request.stdin is not None,
+                environment=backend.env(request),
+                workdir=backend.workdir(request),
+                user=backend.user,
+            ),
+            what="exec create",
+        )
+        self.exec_id = str(created["Id"])
+        self.keep = dockerapi.once(
+            lambda: self.api.exec_start(self.exec_id, socket=True), what="exec start"
+        )
+        raw = getattr(self.keep, "_sock", self.keep)
+        if not isinstance(raw, socket.socket):
+            raise BackendError(f"docker: unexpected exec stream object {type(raw).__name__}")
+        raw.setblocking(False)
+        self.initial = dockerapi.buffered_bytes(self.keep)  # first frames, if coalesced
+        self.sock = raw
+        if self.cgroup is not None:
+            self._adopt(self.cgroup, start_timeout(self.request.limits.cpus))
+
+    def _adopt(self, cgroup: RunCgroup, allowed: float = START_TIMEOUT_S) -> None:
+        """Move the exec's stub into the run's cgroup once it has stopped itself, then let it
+        go on: every process of the run is born in the run's cgroup. Returns once the exec is
+        known to have started, or to have ended without ever appearing (a start error, after
+        ``allowed`` seconds)."""
+        began = time.monotonic()
+        deadline = began + allowed
+        next_inspect = began + INSPECT_EVERY_S  # not at once: the engine is busy starting it
+        pause = START_POLL_S
+        while time.monotonic() < deadline:
+            members = cgroup.adopt()
+            stopped = [p for p in members if p.state == "T"]
+            if stopped:
+                proctree.signal_all(stopped, signal.SIGCONT)
+                return
+            if members and not any(is_stub(p.pid) for p in members):
+                return  # continued by someone else before it stopped: it runs, in its cgroup
+            now = time.monotonic()
+            if not members and now >= next_inspect:
+                if self.backend.dying():
+                    self.backend.recycle_needed = True
+                    raise BackendError("the sandbox container stopped while the exec started")
+                info = self._inspect()
+                if not info.get("Running") and info.get("ExitCode") is not None:
+                    return  # ended without appearing: the engine could not start it
+                next_inspect = now + INSPECT_EVERY_S
+            time.sleep(pause)  # a stub still starting (slow under a CPU limit) is waited for
+            if now - began > START_FAST_S:
+                pause = min(pause * 1.5, START_POLL_MAX_S)
+        self.backend.recycle_needed = True  # whatever starts later dies with the container
+        raise BackendError(f"docker: the exec did not start within {allowed:.0f} s")
+
+    # -- output -----------------------------------------------------------------------------
+    async def pump(self) -> None:
+        async with anyio.create_task_group() as tg:
+            if not self.eof:
+                tg.start_soon(self._read)
+            if self.stdin_left is not None:
+                tg.start_soon(self._write_stdin)
+
+    async def _read(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        # The bytes read with the exec-start response head come first (the stream's first bytes).
+        if self.initial and not await self._feed(self.initial):
+            return
+        self.initial = b""
+        reads = 0
+        while True:
+            try:
+                data = sock.recv(CHUNK)
+            except BlockingIOError:
+                await anyio.wait_readable(sock)
+                continue
+            except OSError as exc:
+                self.stream_error = f"exec stream failed: {exc}"
+                data = b""
+            if not data:
+                self.eof = True
+                self.eof_event.set()
+                if self.decoder.mid_frame:
+                    self.stream_error = "the exec stream ended inside a frame"
+                return
+            if not await self._feed(data):
+                return
+            reads += 1
+            if reads % YIELD_EVERY == 0:
+                await anyio.lowlevel.checkpoint()
+
+    async def _feed(self, data: bytes) -> bool:
+        """Demultiplex ``data`` into the captures, then wait while a slow live reader is behind
+        (backpressure); False when the stream is not a valid multiplexed stream (it ends)."""
+        try:
+            self.decoder.feed(data)
+        except FrameError as exc:
+            self.stream_error = str(exc)
+            self.eof = True
+            self.eof_event.set()
+            return False
+        for capture in self.captures.values():
+            await capture.wait_sink()
+        return True
+
+    async def _write_stdin(self) -> None:
+        """Write the stdin bytes, or forward a ``StdinStream`` until the caller closes it, the
+        socket fails, or the exec has ended (its output closing is not enough: a command may
+        close its output and read on); then half-close the socket. However forwarding stops,
+        the stream is aborted: a waiting ``send`` raises ``BrokenPipeError`` at once."""
+        sock, data = self.sock, self.stdin_left
+        assert sock is not None and data is not None
+
+        async def send_all(chunk: bytes) -> None:
+            view = memoryview(chunk)
+            while view:
+                await anyio.wait_writable(sock)
+                try:
+                    view = view[sock.send(view) :]
+                except BlockingIOError:
+                    continue
+
+        if not isinstance(data, StdinStream):
+            with suppress(OSError):
+                await send_all(data)
+                sock.shutdown(socket.SHUT_WR)
+            self.stdin_left = None
+            return
+        stream = data
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def forward() -> None:
+                    with suppress(OSError):
+                        while (chunk := await stream.receive()) is not None:
+                            await send_all(chunk)
+                            stream.written()
+                        sock.shutdown(socket.SHUT_WR)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(forward)
+                await self.eof_event.wait()
+                # the output closed; the exec may still run and read (wait_exit sets exit_info
+                # once it has ended, and has no event for it)
+                while self.exit_info is None:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+        finally:
+            stream.abort()
+            self.stdin_left = None
+
+    # -- exit -------------------------------------------------------------------------------
+    async def wait_exit(self) -> int | None:
+        """The stream ends when the exec's output closes; a child holding it keeps it open, so
+        the exec is also polled (the main process may have exited long before)."""
+        pause = 0.01
+        while self.exit_info is None:
+            with anyio.move_on_after(POLL_S):
+                await self.eof_event.wait()
+            info = await anyio.to_thread.run_sync(self._inspect)
+            if not info.get("Running"):
+                self.exit_info = info
+            elif self.eof:  # output closed, process still running (or exit not yet recorded)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, POLL_S)
+        return wait_status_from_exit_code(self.exit_info.get("ExitCode"))
+
+    def _inspect(self) -> dict[str, Any]:
+        try:
+            return dict(
+                dockerapi.once(lambda: self.api.exec_inspect(self.exec_id), what="exec inspect")
+            )
+        except BackendError as exc:
+            return {"Running": False, "ExitCode": None, "Error": str(exc)}
+
+    # -- termination ------------------------------------------------------------------------
+    async def terminate(self, grace_s: float) -> Termination:
+        if self.termination is None:
+            self.termination = await self._terminate(grace_s)
+        return self.termination
+
+    async def _terminate(self, grace_s: float) -> Termination:
+        """TERM (+CONT) everything of the exec (newcomers too), wait out the grace, then KILL
+        until nothing is left or the kill budget is spent (then the container is recycled).
+        "Nothing left" needs two empty sweeps in a row: a process caught mid-``exec`` or
+        mid-reparenting can be invisible to one."""
+        if self.cgroup is None and self.exit_info is None:
+            info = await anyio.to_thread.run_sync(self._wait_started)
+            if self.backend.local:  # the exec pid: found without its environ
+                self.exec_pid = int(info.get("Pid") or 0) if info.get("Running") else 0
+                known = proctree.read_proc(self.exec_pid) if self.exec_pid else None
+                self.exec_start = known.start if known is not None else None
+        alive = await self._settled("TERM")
+        self.had_leftovers = alive > 0 and self.exit_info is not None  # after a normal exit
+        deadline = time.monotonic() + grace_s
+        while alive and time.monotonic() < deadline:
+            await anyio.sleep(SWEEP_TICK_S)
+            alive = await self._settled("TERM")
+        deadline = time.monotonic() + KILL_BUDGET_S
+        while alive and time.monotonic() < deadline:
+            await self._sweep("KILL")
+            await anyio.sleep(SWEEP_TICK_S)
+            alive = await self._settled("KILL")
+        if alive:
+            self.backend.recycle_needed = True
+            return Termination(survivors=alive, error=f"{alive} process(es) could not be killed")
+        if self.cgroup is not None:
+            cpu = self.cgroup.cpu_s()
+            self.cgroup.remove()
+            return Termination(cpu_s=None if cpu is None else round(cpu, 6))
+        return Termination()
+
+    def _wait_started(self) -> dict[str, Any]:
+        """Without a run cgroup: wait (bounded) until the engine says the exec's process
+        exists (``Pid``: the engine sets ``Running`` before it asks the runtime to start the
+        process, and the pid once it has) or has ended, so that an empty sweep means "nothing
+        left", not "not there yet"."""
+        deadline = time.monotonic() + start_timeout(self.request.limits.cpus)
+        while True:
+            info = self._inspect()
+            started = bool(info.get("Running") and info.get("Pid"))
+            ended = not info.get("Running") and info.get("ExitCode") is not None
+            if started or ended or "Error" in info or time.monotonic() > deadline:
+                return info
+            time.sleep(START_POLL_S * 20)
+
+    def _own_root(self) -> tuple[int, ...]:
+        """The exec's own main process, while its pid still names it (start time unchanged)."""
+        if not self.exec_pid or self.exec_start is None:
+            return ()
+        current = proctree.read_proc(self.exec_pid)
+        return (self.exec_pid,) if current is not None and current.start == self.exec_start else ()
+
+    async def _settled(self, sig: str) -> int:
+        alive = await self._sweep(sig)
+        if not alive and self.cgroup is None:  # only a run's own cgroup is exact
+            await anyio.sleep(SWEEP_TICK_S)
+            alive = await self._sweep(sig)
+        return alive
+
+    async def _sweep(self, sig: str) -> int:
+        """Signal the exec's processes (TERM only once per process); return how many live."""
+        backend, cgroup = self.backend, self.cgroup
+        if cgroup is not None:
+            if sig == "TERM":
+                self._term_once(cgroup.members())
+            else:
+                cgroup.kill()
+            alive = len(cgroup.members())
+            return alive if alive or not cgroup.populated() else 1
+        if backend.local:
+            if backend.cgroup_procs and backend.init_pid:
+                procs = proctree.cgroup_members(
+                    backend.cgroup_procs,
+                    self.request.run_id,
+                    base=backend.keep | {backend.init_pid},
+                    others=frozenset(backend.active - {self.request.run_id}),
+                    roots=self._own_root(),
+                )
+            else:
+                procs = proctree.members(
+                    self.request.run_id,
+                    init_pid=backend.init_pid,
+                    keep=backend.keep,
+                    roots=self._own_root(),
+                )
+            if sig == "TERM":
+                self._term_once(procs)
+            else:
+                proctree.signal_all(procs, signal.SIGKILL)
+            return len(procs)
+        return await anyio.to_thread.run_sync(self._sweep_in_container, sig)
+
+    def _term_once(self, procs: list[proctree.Proc]) -> None:
+        """TERM (+CONT) each process not TERMed before: a process gets one TERM, newcomers too."""
+        fresh = [p for p in procs if (p.pid, p.start) not in self.termed]
+        self.termed.update((p.pid, p.start) for p in fresh)
+        proctree.signal_all(fresh, signal.SIGTERM)
+
+    def _sweep_in_container(self, sig: str) -> int:
+        api, cid = self.api, self.backend.container_id
+        try:
+            created = dockerapi.once(
+                lambda: api.exec_create(
+                    cid, cfg.sweep_argv(self.request.run_id, sig), user=self.backend.user
+                ),
+                what="sweep exec create",
+            )
+            output = dockerapi.once(lambda: api.exec_start(created["Id"]), what="sweep exec start")
+            return int(output.decode().strip().splitlines()[-1])
+        except (BackendError, ValueError, IndexError):
+            return 0 if not self._container_running() else 1
+
+    def _container_running(self) -> bool:
+        try:
+            return bool(self.backend.inspect_state().get("Running"))
+        except BackendError:
+            return False
+
+    # -- result -----------------------------------------------------------------------------
+    async def classify(self, result: ExecResult) -> ExecResult:
+        """Container death and OOM are facts of the container, not of the exec's exit code
+        (asked only when the exec did not end by a plain exit)."""
+        backend = self.backend
+        init_dead = backend.dying()
+        plain = result.exit_code is not None and result.signal is None and not self.stream_error
+        if plain and not init_dead and not self.had_leftovers:
+            return result
+        state = await anyio.to_thread.run_sync(self._state_or_empty)
+        unsent_signal = result.status == "failed" and result.signal is not None
+        if (unsent_signal or self.had_leftovers) and state.get("Running"):
+            # A signal sandboxrun did not send, or leftovers that had to be killed, may mean the
+            # container is dying (``kill 1``): the engine and the init take a moment to show it.
+            with anyio.move_on_after(DEATH_WAIT_S if unsent_signal else LEFTOVER_DEATH_WAIT_S):
+                while state.get("Running") and not init_dead:
+                    await anyio.sleep(0.05)
+                    init_dead = backend.dying()
+                    if not backend.init_pid:
+                        state = await anyio.to_thread.run_sync(self._state_or_empty)
+        update: dict[str, Any] = {}
+        oom_after = proctree.oom_kills(backend.init_pid) if backend.init_pid else None
+        exec_oom = None not in (self.oom_before, oom_after) and oom_after != self.oom_before
+        if init_dead or not state.get("Running"):
+            update = {
+                "status": "sandbox_error",
+                "error": "the sandbox container stopped or was removed during the exec "
+                f"(state: {state.get('Status', 'gone')})",
+            }
+            backend.recycle_needed = True
+        elif result.signal == "SIGKILL" and (exec_oom or state.get("OOMKilled")):
+            update = {"status": "oom_killed"}
+        elif self.stream_error and result.status == "completed":
+            update = {"status": "sandbox_error", "error": self.stream_error}
+        elif self.exit_info is not None and self.exit_info.get("ExitCode") is None:
+            update = {"status": "sandbox_error", "error": "the engine lost the exec's exit code"}
+        return result.model_copy(update=update) if update else result
+
+    def _state_or_empty(self) -> dict[str, Any]:
+        try:
+            return self.backend.inspect_state()
+        except (BackendError, docker.errors.NotFound):
+            return {}
+
+    def close(self) -> None:
+        """Release the run (blocking: call it in a worker thread). A run that never reached
+        termination (a start error) leaves nothing: its stub, adopted or not, is killed."""
+        try:
+            cgroup, self.cgroup = self.cgroup, None
+            # Still there: termination never ran (a start error). Termination removes it.
+            if cgroup is not None and cgroup.path.exists():
+                deadline = time.monotonic() + KILL_BUDGET_S
+                while time.monotonic() < deadline:
+                    cgroup.adopt()  # a stub never adopted (in the container's own cgroup) too
+                    cgroup.kill()
+                    if not cgroup.populated():
+                        break
+                    time.sleep(SWEEP_TICK_S)
+                if not cgroup.remove() and cgroup.populated():
+                    self.backend.recycle_needed = True  # unkillable: the next exec starts afresh
+        finally:
+            self.backend.active.discard(self.request.run_id)
+        if self.sock is not None:
+            with suppress(OSError):
+                self.sock.close()
+        if self.keep is not None:
+            with suppress(Exception):
+                self.keep.close()
+        self.sock = None

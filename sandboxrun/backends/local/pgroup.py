@@ -1,0 +1,137 @@
+"""The process-group backend: the local fallback that always works.
+
+Commands run in a new session under a private runner process (``sandboxrun/supervisor/runner.py``)
+that
+is a child subreaper: descendants that double-fork or ``setsid`` re-parent to it and stay
+visible, and termination sweeps the whole tree. It gives ``own-session`` and
+``descendant-sweep``; it cannot confine the filesystem, the network or resources.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import anyio
+
+from sandboxrun.backends.base import Probe
+from sandboxrun.backends.client import RunnerClient
+from sandboxrun.backends.local.isolation import LocalPlan, plan_for, probe_host
+from sandboxrun.backends.supervised import ANSWER_MARGIN_S, supervised_exec
+from sandboxrun.engine import argv
+from sandboxrun.engine.request import ExecRequest
+from sandboxrun.engine.supervise import KILL_BUDGET_S, RunFacts
+from sandboxrun.models import BackendName, ExecResult, Policy
+from sandboxrun.supervisor.procfs import MARKER_VAR
+
+ISOLATION = ("own-session", "descendant-sweep")
+
+
+def probe_pgroup(policy: Policy | None = None) -> Probe:
+    if not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists():
+        return Probe("process-group", False, "needs Linux with /proc", ())
+    support = probe_host()
+    layers = support.layers(policy or Policy())
+    return Probe("process-group", True, None, (*ISOLATION, *layers), support)
+
+
+def local_env(request: ExecRequest, plan: LocalPlan | None = None) -> dict[str, str]:
+    """The command's environment on the host: under a login-shell snapshot
+    (``argv.exec_env``) the snapshot, the request's own variables, the sandbox's private
+    ``HOME`` and ``TMPDIR`` (isolation layer), ``PWD`` (the workdir: no shell sets it for an
+    argv; the workspace is at the same path inside), each unless given, the run marker, PATH
+    prepends; else the built env (with that ``HOME`` and ``TMPDIR``), the marker, and PATH
+    prepends (``each``: applied by the login shell after the profile, which also re-applies an
+    explicit PATH: the profile may assign PATH; ``raw``: on the host)."""
+    if argv.uses_snapshot(request):
+        owned = {} if plan is None else plan.command_env({}, request.explicit)
+        if "PWD" not in request.explicit:
+            owned["PWD"] = str(request.workdir)
+        owned[MARKER_VAR] = request.run_id
+        return argv.exec_env(request, owned=owned)
+    env = dict(request.env) if plan is None else plan.command_env(request.env, request.explicit)
+    env[MARKER_VAR] = request.run_id
+    direct = request.login == "raw" or (request.direct_argv and request.script is None)
+    if not direct:
+        explicit = env.get("PATH") if "PATH" in request.explicit else None
+        env.update(argv.wrapper_env(explicit_path=explicit, prepend=request.path_prepend))
+    elif request.path_prepend:
+        joined = argv.join_path_prepend(request.path_prepend)
+        env["PATH"] = f"{joined}:{env['PATH']}" if env.get("PATH") else joined
+    return env
+
+
+def local_command(request: ExecRequest) -> list[str]:
+    """The argv that runs ``request`` on the host (``argv.command``; the default shell is
+    the host's bash, else sh)."""
+    path = request.env.get("PATH")
+    shell = shutil.which("bash", path=path) or shutil.which("sh", path=path)
+    return argv.command(request, shell or "/bin/sh", local=True)
+
+
+class ProcessGroupBackend:
+    name: BackendName = "process-group"
+
+    def __init__(
+        self,
+        grace_s: float = 3.0,
+        policy: Policy | None = None,
+        workspace: Path | None = None,
+        tools: tuple[str, ...] = (),
+    ) -> None:
+        self._plan = plan_for(policy, workspace, tools)
+        self._client = RunnerClient(self._plan)
+        self._grace_s = grace_s
+        self._layers: list[str] = []
+        self._revive_lock = anyio.Lock()
+
+    async def open(self) -> None:
+        await self._client.start()
+        self._layers = self._client.layers_in_force()
+
+    async def close(self) -> None:
+        # Closing terminates what still runs: give it the grace and the kill budget.
+        await self._client.close(self._grace_s + KILL_BUDGET_S + ANSWER_MARGIN_S + 10.0)
+
+    async def revive(self) -> None:
+        """Replace a runner that was declared dead (it exited, was stopped, or stopped
+        answering: ``RunnerClient.declare_dead`` killed it) with a fresh one, as docker
+        replaces its container: the next call gets a working sandbox. Never half done."""
+        dead = self._client
+        dead.probe(deep=True)  # stopped while nobody waited: seen now, before this call uses it
+        if dead.dead is None:
+            return
+        async with self._revive_lock:
+            if self._client is not dead:
+                return  # another call replaced it meanwhile
+            with anyio.CancelScope(shield=True):
+                await dead.close(KILL_BUDGET_S)
+                fresh = RunnerClient(self._plan)
+                await fresh.start()
+                self._client = fresh
+                self._layers = fresh.layers_in_force()
+
+    def isolation(self, request: ExecRequest) -> list[str]:
+        return [*ISOLATION, *self._layers]
+
+    def command(self, request: ExecRequest) -> list[str]:
+        return local_command(request)
+
+    def describe(self, request: ExecRequest) -> list[str]:
+        return self.command(request)
+
+    def check_request(self, request: ExecRequest) -> None:
+        """Any bytes can be carried (argv, env and cwd are passed as bytes): nothing to refuse."""
+
+    async def exec(
+        self, request: ExecRequest, facts: RunFacts
+    ) -> tuple[ExecResult, BaseException | None]:
+        await self.revive()
+        facts.via = "supervisor"
+        message = {
+            "argv": self.command(request),
+            "env": local_env(request, self._plan),
+            "cwd": str(request.workdir),
+        }
+        return await supervised_exec(self._client, request, facts, message)

@@ -1,0 +1,1 @@
+"""The systemd-scope backend: the backend, its unit/launcher configuration, the scope helpers."""

@@ -1,0 +1,1 @@
+"""``sandboxrun image bootstrap|build``: tooling; nothing at run time imports it."""

@@ -1,0 +1,387 @@
+"""Sandbox images: the offline Debian bootstrap and the build of ``images/base``.
+
+``bootstrap`` debootstraps Debian from the host's configured apt sources into a temporary
+directory and ``docker import``s it as ``sandboxrun/bootstrap:<suite>``; ``build`` builds
+``images/base`` on top of it (or on a pulled base where a registry works) as
+``sandboxrun/base:<version>`` and ``:latest``, with BuildKit where ``docker buildx`` is
+installed, else the Engine API's legacy builder. A build records its base (ref and image id) and
+a digest of its context in labels and is reused only when all three still match; the bootstrap
+is reused when it exists. ``--force`` rebuilds either. Both report to a ``Progress``
+(``image_progress``), raw tool lines and parsed phases (``image_phases``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Protocol
+
+import docker.errors
+import docker.utils
+import requests.exceptions
+
+from sandboxrun.backends.docker import api as dockerapi
+from sandboxrun.backends.docker.config import BASE_IMAGE, BASE_REPO, VERSION
+from sandboxrun.errors import BackendError, ConfigError
+from sandboxrun.image.aptsources import os_release_codename, parse_deb822, parse_one_line, pick_base
+from sandboxrun.image.phases import (
+    BootstrapPhases,
+    BuildKitPhases,
+    LegacyPhases,
+    LineSplitter,
+    Phase,
+    clean,
+)
+from sandboxrun.image.plan import (
+    Builder,
+    Recorded,
+    buildx_argv,
+    choose_builder,
+    context_digest,
+    decide,
+)
+from sandboxrun.image.progress import Progress
+
+BASE_TAG = f"{BASE_REPO}:{VERSION}"
+BOOTSTRAP_REPO = "sandboxrun/bootstrap"
+PACKAGES = ("bash", "coreutils", "procps", "util-linux", "ca-certificates", "python3")
+"""The offline bootstrap's packages (debootstrap's resolver handles a small set reliably);
+``images/base/Dockerfile`` adds the project tools (make, compilers, pytest, node) with apt."""
+BUILD_READ_TIMEOUT_S = 3600
+"""How long a build may print nothing (a long compile) before the engine is given up on."""
+
+__all__ = ["BASE_IMAGE", "PACKAGES", "ImageResult", "Progress", "bootstrap", "build"]
+
+
+class _Parser(Protocol):
+    error: str | None
+
+    def feed(self, line: str) -> Phase | None: ...
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    tag: str
+    reused: bool
+    how: str = ""
+    """How it was made: ``BuildKit``, ``the legacy builder``, ``debootstrap`` ("" if reused)."""
+
+
+def images_dir() -> Path:
+    """``images/`` of a source checkout, or the copy shipped inside the wheel."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_images", package.parent / "images"):
+        if (candidate / "base" / "Dockerfile").is_file():
+            return candidate
+    raise ConfigError("cannot find the images/ directory (images/base/Dockerfile)")
+
+
+def host_source(etc: Path = Path("/etc")) -> tuple[str, str]:
+    """``(mirror URI, suite)`` from the host's apt configuration."""
+    sources = []
+    one_line = [
+        etc / "apt" / "sources.list",
+        *sorted((etc / "apt" / "sources.list.d").glob("*.list")),
+    ]
+    for path in one_line:
+        if path.is_file():
+            sources += parse_one_line(path.read_text(errors="replace"))
+    for path in sorted((etc / "apt" / "sources.list.d").glob("*.sources")):
+        sources += parse_deb822(path.read_text(errors="replace"))
+    release = etc / "os-release"
+    codename = os_release_codename(release.read_text()) if release.is_file() else None
+    chosen = pick_base(sources, codename)
+    return chosen.uri, chosen.suite
+
+
+def _inspect(client: docker.DockerClient, ref: str) -> dict[str, object] | None:
+    try:
+        found: dict[str, object] = dockerapi.retrying(
+            lambda: client.api.inspect_image(ref),  # type: ignore[no-untyped-call]
+            what=f"inspect image {ref}",
+        )
+    except docker.errors.NotFound:
+        return None
+    return found
+
+
+def image_exists(client: docker.DockerClient, ref: str) -> bool:
+    return _inspect(client, ref) is not None
+
+
+def _feed(progress: Progress, parser: _Parser | None, line: str) -> None:
+    progress.raw(line)
+    phase = parser.feed(line) if parser is not None else None
+    if phase is not None:
+        progress.phase(phase.name, phase.detail)
+
+
+def _stream(cmd: list[str], progress: Progress, parser: _Parser | None) -> int:
+    """Run ``cmd``, its stdout and stderr as one stream of lines; its exit status."""
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        raise BackendError(f"cannot run {cmd[0]}: {exc}") from exc
+    with proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            _feed(progress, parser, clean(line))
+    return proc.returncode
+
+
+# -- the offline bootstrap -----------------------------------------------------------------------
+
+
+def bootstrap(progress: Progress, *, force: bool = False, etc: Path = Path("/etc")) -> ImageResult:
+    """Create ``sandboxrun/bootstrap:<suite>`` from the host's apt sources."""
+    mirror, suite = host_source(etc)
+    tag = f"{BOOTSTRAP_REPO}:{suite}"
+    client = dockerapi.connect()
+    try:
+        if not force and image_exists(client, tag):
+            progress.note(f"reusing {tag} (--force rebuilds it)")
+            return ImageResult(tag, reused=True)
+        tool = shutil.which("debootstrap")
+        if tool is None:
+            raise ConfigError("debootstrap is not installed (apt-get install debootstrap)")
+        if os.geteuid() != 0:
+            raise ConfigError(
+                "the offline bootstrap needs root (debootstrap creates a root filesystem)"
+            )
+        progress.note(f"debootstrap {suite} from {mirror} (the host's apt sources)")
+        _debootstrap(client, progress, tool, mirror, suite)
+    finally:
+        client.close()
+    return ImageResult(tag, reused=False, how="debootstrap")
+
+
+def _debootstrap(
+    client: docker.DockerClient, progress: Progress, tool: str, mirror: str, suite: str
+) -> None:
+    work = Path(tempfile.mkdtemp(prefix="sandboxrun-bootstrap-", dir="/var/tmp"))
+    try:
+        rootfs = work / "rootfs"
+        cmd = [
+            tool,
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            suite,
+            str(rootfs),
+            mirror,
+        ]
+        parser = BootstrapPhases()
+        progress.phase("debootstrap: starting")
+        code = _stream(cmd, progress, parser)
+        if code != 0:
+            why = parser.error or "see its log above"
+            raise BackendError(f"debootstrap failed with exit code {code}: {why}")
+        tarball = work / "rootfs.tar"
+        progress.phase("packing the root filesystem")
+        code = _stream(
+            ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], progress, None
+        )
+        if code != 0:
+            raise BackendError(f"tar failed with exit code {code}")
+        progress.phase(f"importing it as {BOOTSTRAP_REPO}:{suite}")
+        dockerapi.once(
+            lambda: client.api.import_image_from_file(
+                str(tarball), repository=BOOTSTRAP_REPO, tag=suite, changes=['CMD ["/bin/bash"]']
+            ),
+            what="import the bootstrap image",
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the build ------------------------------------------------------------------------------------
+
+
+def default_base(client: docker.DockerClient) -> str:
+    """The bootstrap image when one exists (no registry needed), else the Dockerfile default."""
+    for image in client.images.list(name=BOOTSTRAP_REPO):
+        if image.tags:
+            return str(image.tags[0])
+    return "debian:bookworm-slim"
+
+
+def context_files(context: Path) -> Iterator[tuple[str, bool, bytes]]:
+    """Every file of a build context, in path order, one read at a time (``context_digest``)."""
+    for path in sorted(p for p in context.rglob("*") if p.is_symlink() or p.is_file()):
+        name = path.relative_to(context).as_posix()
+        if path.is_symlink():
+            yield name, False, str(path.readlink()).encode()
+        else:
+            yield name, bool(path.stat().st_mode & stat.S_IXUSR), path.read_bytes()
+
+
+def probe_builder() -> Builder:
+    """BuildKit when ``docker buildx version`` works here, else the legacy builder."""
+    docker_cli = shutil.which("docker")
+    buildx: tuple[int, str] | None = None
+    if docker_cli is not None:
+        try:
+            done = subprocess.run(
+                [docker_cli, "buildx", "version"],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=15,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+            buildx = done.returncode, (done.stdout + done.stderr)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            buildx = 1, str(exc)
+    return choose_builder(docker_cli, buildx, os.environ)
+
+
+def _base_id(client: docker.DockerClient, ref: str, progress: Progress) -> str:
+    """The base's image id, pulling it first when it is not on the engine."""
+    found = _inspect(client, ref)
+    if found is None:
+        progress.phase(f"pulling the base {ref}")
+        try:
+            for chunk in client.api.pull(ref, stream=True, decode=True):
+                status = " ".join(str(chunk.get(k, "")) for k in ("id", "status", "progress"))
+                _feed(progress, None, status.strip())
+                if "error" in chunk:
+                    raise BackendError(str(chunk["error"]))
+        except (
+            BackendError,
+            docker.errors.DockerException,
+            requests.exceptions.RequestException,
+        ) as exc:
+            explanation = getattr(exc, "explanation", None) or exc
+            raise BackendError(
+                f"the base image {ref} is not on this Docker engine and cannot be pulled "
+                f"({explanation}): pull, load or build it, or build on the offline bootstrap "
+                "(sandboxrun image bootstrap, then image build without --base)"
+            ) from exc
+        found = _inspect(client, ref)
+        if found is None:
+            raise BackendError(f"the base image {ref} was pulled but cannot be found")
+    return str(found["Id"])
+
+
+def build(
+    progress: Progress,
+    *,
+    base: str | None = None,
+    force: bool = False,
+    tag: str | None = None,
+    context: Path | None = None,
+) -> ImageResult:
+    """Build ``context`` (``images/base``) as ``tag`` (``sandboxrun/base:<version>``, and then
+    ``:latest`` too) on ``base`` (the offline bootstrap where one exists, else the Dockerfile's
+    default); reuse an existing ``tag`` built on the same base from the same context."""
+    aliases = [BASE_IMAGE] if tag is None else []
+    tag = tag or BASE_TAG
+    context = context if context is not None else images_dir() / "base"
+    if not (context / "Dockerfile").is_file():
+        raise ConfigError(f"no Dockerfile in the build context {context}")
+    client = dockerapi.connect()
+    try:
+        base = base or default_base(client)
+        wanted = Recorded(
+            base, _base_id(client, base, progress), context_digest(context_files(context))
+        )
+        existing = _inspect(client, tag)
+        labels = _labels(existing)
+        decision = decide(
+            tag, Recorded.from_labels(labels), existing is not None, wanted, force=force
+        )
+        if decision.message:
+            progress.note(decision.message)
+        if decision.reuse:
+            _alias(client, tag, aliases)
+            return ImageResult(tag, reused=True)
+        builder = probe_builder()
+        progress.raw(f"builder: {builder.label} ({builder.why})")
+        if decision.message is None:
+            progress.note(f"building {tag} on {base}")
+        if builder.kind == "buildkit":
+            _build_buildx(progress, builder, tag, context, wanted)
+        else:
+            _build_legacy(client, progress, tag, context, wanted)
+        _alias(client, tag, aliases)
+    finally:
+        client.close()
+    return ImageResult(tag, reused=False, how=builder.label)
+
+
+def _labels(inspected: dict[str, object] | None) -> dict[str, str]:
+    config = (inspected or {}).get("Config")
+    labels = config.get("Labels") if isinstance(config, dict) else None
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def _alias(client: docker.DockerClient, tag: str, aliases: list[str]) -> None:
+    for alias in aliases:
+        repo, name = docker.utils.parse_repository_tag(alias)
+        dockerapi.retrying(partial(client.api.tag, tag, repo, name), what=f"tag {tag} as {alias}")
+
+
+def _failed(parser: LegacyPhases | BuildKitPhases, error: str) -> BackendError:
+    where = f" at {parser.step}" if parser.step else ""
+    return BackendError(f"image build failed{where}: {error}")
+
+
+def _build_legacy(
+    client: docker.DockerClient, progress: Progress, tag: str, context: Path, wanted: Recorded
+) -> None:
+    parser, lines = LegacyPhases(), LineSplitter()
+    error: str | None = None
+    try:
+        stream = client.api.build(
+            path=str(context),
+            tag=tag,
+            buildargs={"BASE_IMAGE": wanted.base},
+            labels=wanted.labels(),
+            pull=False,
+            rm=True,
+            forcerm=True,
+            decode=True,
+            timeout=BUILD_READ_TIMEOUT_S,
+        )
+        for chunk in stream:
+            if "error" in chunk:
+                error = str(chunk["error"]).strip()
+            for line in lines.feed(str(chunk.get("stream") or chunk.get("status") or "")):
+                _feed(progress, parser, line)
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        error = f"docker: {exc}"
+    for line in lines.flush():
+        _feed(progress, parser, line)
+    if error is not None:
+        raise _failed(parser, error)
+
+
+def _build_buildx(
+    progress: Progress, builder: Builder, tag: str, context: Path, wanted: Recorded
+) -> None:
+    docker_cli = shutil.which("docker") or "docker"
+    argv = buildx_argv(
+        docker_cli,
+        tag=tag,
+        context=context,
+        build_args={"BASE_IMAGE": wanted.base},
+        labels=wanted.labels(),
+    )
+    parser = BuildKitPhases()
+    code = _stream(argv, progress, parser)
+    if code != 0:
+        raise _failed(parser, parser.error or f"docker buildx build exited with {code}")

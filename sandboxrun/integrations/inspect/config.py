@@ -1,0 +1,160 @@
+"""The ``sandboxrun`` inspect_ai sandbox's configuration: ``sandbox=("sandboxrun", "cfg.yaml")``.
+
+Pure apart from reading the YAML file: the model, its loading (a file name, a model, a dict or
+nothing), and what it becomes for ``Sandbox``: ``Policy``, ``Limits`` and the workspace
+directory. Every field is documented in docs/inspect.md.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sandboxrun.errors import ConfigError
+from sandboxrun.models import Access, Limits, Network, Policy
+from sandboxrun.units import parse_size
+
+NO_TIMEOUT_S = 30 * 86400.0
+"""What an ``exec`` without a timeout runs under when ``default_timeout`` is None (inspect's
+own providers have no limit then; sandboxrun's run always has one): 30 days."""
+
+MAX_TIMEOUT_S = 3650 * 86400.0
+"""The longest timeout an ``exec`` may ask for (sandboxrun refuses longer ones): ten years."""
+
+CONFIG_FILES = ("sandboxrun.yaml", "sandboxrun.yml")
+"""Found next to the task file when ``sandbox="sandboxrun"`` names no file."""
+
+
+class SandboxrunConfig(BaseModel):
+    """One sandbox per sample, made from these settings (docs/inspect.md lists each one)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["docker", "auto", "process-group", "systemd-scope"] = "docker"
+    image: str | None = None
+    """Docker image (default: sandboxrun's ``sandboxrun/base:latest``)."""
+    user: str | None = None
+    """Docker ``UID[:GID]`` every command runs as (default: sandboxrun's: the invoking user,
+    or the workspace's owner when the invoker is root)."""
+    workspace: str | None = None
+    """A host directory for ``/workspace``: copied into each sample's private workspace
+    (``workspace_mode: copy``) or used in place by every sample (``shared``). None: each
+    sample starts from an empty private directory. Relative: to the config file."""
+    workspace_mode: Literal["copy", "shared"] = "copy"
+    access: Access = "workspace-write"
+    network: Network = "none"
+    allow_degraded: bool = False
+    memory: str | int | None = None
+    """Memory limit, bytes or ``512m``/``2g`` (docker's default: 2g)."""
+    cpus: float | None = None
+    pids: int | None = Field(default=None, gt=0)
+    grace: float = Field(default=3.0, ge=0)
+    """Seconds between TERM and KILL when a command times out."""
+    default_timeout: float | None = None
+    """Seconds for an ``exec`` that gives no timeout (None: no limit, as inspect's providers)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables every command gets (an ``exec``'s own ``env`` wins)."""
+    pass_env: list[str] = Field(default_factory=list)
+    """Host variables to copy into every command (none by default: not even the host's
+    ``PATH``, ``HOME`` or ``LANG``; secret-shaped names are refused)."""
+    mask_output: bool = True
+    """Mask the values of secret-shaped variables of ``env`` in the output."""
+    login: Literal["snapshot", "each"] = "snapshot"
+    login_shell: str | None = None
+
+    @field_validator("default_timeout", "cpus", "grace")
+    @classmethod
+    def _finite_positive(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("default_timeout")
+    @classmethod
+    def _positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("must be a positive number of seconds")
+        return value
+
+    def policy(self) -> Policy:
+        return Policy(
+            access=self.access,
+            network=self.network,
+            allow_degraded=self.allow_degraded,
+            mask_output=self.mask_output,
+        )
+
+    def limits(self) -> Limits:
+        """``Limits`` for the sandbox; the output limit is set per command (inspect's own, a
+        context variable), spill files are off: inspect keeps no file of a command's output."""
+        memory = self.memory
+        if isinstance(memory, str):
+            memory = parse_size(memory, what="memory")
+        timeout = self.default_timeout or NO_TIMEOUT_S
+        try:
+            return Limits(
+                timeout_s=timeout,
+                max_timeout_s=max(timeout, MAX_TIMEOUT_S),
+                grace_s=self.grace,
+                spill_max=0,
+                memory_bytes=memory,
+                cpus=self.cpus,
+                pids=self.pids,
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"invalid sandboxrun config: {_first_error(exc)}") from None
+
+    def workspace_path(self) -> Path | None:
+        return None if self.workspace is None else Path(self.workspace)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(part) for part in err["loc"])
+    return f"{where}: {err['msg']}" if where else str(err["msg"])
+
+
+def parse_config(data: Any, *, base: Path | None = None) -> SandboxrunConfig:
+    """A config from a mapping (YAML's or a serialized model's). ``base``: the directory a
+    relative ``workspace`` is relative to (the config file's); it is made absolute here."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"invalid sandboxrun config: expected a mapping, got {type(data).__name__}"
+        )
+    try:
+        config = SandboxrunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid sandboxrun config: {_first_error(exc)}") from None
+    if config.workspace is not None:
+        path = Path(config.workspace).expanduser()
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        config = config.model_copy(update={"workspace": str(path)})
+    config.limits()  # every field checked now, not at the first sample
+    return config
+
+
+def load_config(config: BaseModel | str | None) -> SandboxrunConfig:
+    """What inspect hands the provider: None (defaults), a ``SandboxrunConfig`` (or another
+    model with the same fields), or the path of a YAML file (made absolute by inspect)."""
+    if config is None:
+        return parse_config({})
+    if isinstance(config, BaseModel):
+        return parse_config(config.model_dump(), base=Path.cwd())
+    import yaml
+
+    path = Path(config)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the sandboxrun config {config!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the sandboxrun config {config!r} is not valid YAML: {exc}") from None
+    return parse_config(data, base=path.resolve().parent)

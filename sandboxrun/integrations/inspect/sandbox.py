@@ -1,0 +1,431 @@
+"""The ``sandboxrun`` sandbox environment for inspect_ai (docs/inspect.md).
+
+``Task(..., sandbox="sandboxrun")`` or ``sandbox=("sandboxrun", "sandboxrun.yaml")``: every
+sample gets its own ``sandboxrun.Sandbox`` (a hardened container on docker) over a private
+temporary workspace, removed at sample cleanup. ``exec`` runs through sandboxrun, so a timeout
+kills every process of the command and output is bounded; the results and errors are those of
+inspect's contract (``sandboxrun.integrations.inspect.mapping``).
+
+Imported only by inspect (through ``sandboxrun.integrations.inspect.registry``, the ``inspect_ai``
+entry
+point): it imports inspect_ai, which is an optional dependency (``sandboxrun[inspect]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import posixpath
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal, overload
+
+import anyio
+import anyio.to_thread
+from inspect_ai.util import ExecResult as InspectResult
+from inspect_ai.util import (
+    OutputLimitExceededError,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUserUnsupportedError,
+    sandboxenv,
+)
+from inspect_ai.util import SandboxUnavailableError as InspectUnavailable
+from pydantic import BaseModel
+
+from sandboxrun.api.sandbox import Sandbox
+from sandboxrun.engine.paths import CONTAINER_ROOT
+from sandboxrun.engine.request import ExecRequest
+from sandboxrun.errors import (
+    InputError,
+    SandboxFileError,
+    SandboxFileTooLargeError,
+    SandboxrunError,
+    WorkspaceError,
+)
+from sandboxrun.integrations.inspect import workspace as workspaces
+from sandboxrun.integrations.inspect.config import (
+    CONFIG_FILES,
+    SandboxrunConfig,
+    load_config,
+    parse_config,
+)
+from sandboxrun.integrations.inspect.mapping import (
+    CwdPlan,
+    file_error,
+    missing_user_result,
+    parse_passwd,
+    plan_cwd,
+    sandbox_path,
+    to_inspect,
+    user_verdict,
+    with_wrapper,
+)
+
+log = logging.getLogger("sandboxrun")
+
+MKDIR = "/bin/mkdir"
+"""``write_file`` creates missing parent directories with it: by absolute path, as inspect's
+contract asks of anything a provider runs on its own."""
+
+
+class _OpenEnvironments:
+    """The environments of one inspect lifecycle scope (an eval batch) not yet cleaned up."""
+
+    def __init__(self) -> None:
+        self.envs: set[SandboxrunSandboxEnvironment] = set()
+
+
+_FALLBACK = _OpenEnvironments()
+
+
+def _open_environments() -> set[SandboxrunSandboxEnvironment]:
+    try:
+        from inspect_ai.util._sandbox.lifecycle import sandbox_lifecycle_state
+    except ImportError:  # an inspect_ai without lifecycle scopes: one set per process
+        return _FALLBACK.envs
+    state = sandbox_lifecycle_state()
+    return (_FALLBACK if state is None else state.get(_OpenEnvironments)).envs
+
+
+def _host_env(config: SandboxrunConfig) -> dict[str, str]:
+    """Nothing of the eval's own environment (API keys...) but the names ``pass_env`` asks for."""
+    return {name: os.environ[name] for name in config.pass_env if name in os.environ}
+
+
+def _owner(config: SandboxrunConfig) -> tuple[int, int] | None:
+    """The ids a private workspace is given: a root invoker's sandbox running as ``user``."""
+    if config.user is None or os.geteuid() != 0 or config.backend not in ("docker", "auto"):
+        return None
+    from sandboxrun.backends.docker.config import parse_user
+
+    uid, gid = parse_user(config.user).split(":")
+    return int(uid), int(gid)
+
+
+@sandboxenv(name="sandboxrun")
+class SandboxrunSandboxEnvironment(SandboxEnvironment):
+    """One sample's sandbox: a ``sandboxrun.Sandbox`` and its workspace."""
+
+    def __init__(
+        self, sandbox: Sandbox, config: SandboxrunConfig, workspace: Path, owned: bool
+    ) -> None:
+        super().__init__()
+        self.sandbox = sandbox
+        self.config = config
+        self.workspace = workspace
+        """The host directory mapped at ``/workspace`` (docker)."""
+        self.owned = owned
+        """Whether the workspace is this sample's own (removed at cleanup)."""
+        backend = sandbox.backend
+        self.root = str(CONTAINER_ROOT) if backend.name == "docker" else str(workspace)
+        """The workspace as the sandbox sees it: relative paths are relative to it."""
+        user = getattr(backend, "user", None)
+        self.uid = int(user.split(":")[0]) if isinstance(user, str) else os.geteuid()
+        """The uid every command runs as."""
+        self._users: dict[str, int] | None = None
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @classmethod
+    def config_files(cls) -> list[str]:
+        return list(CONFIG_FILES)
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        return parse_config(config)
+
+    @classmethod
+    def default_concurrency(cls) -> int | None:
+        return 2 * len(os.sched_getaffinity(0))
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """Check the config and that its backend can run here (the docker image exists...),
+        once, before any sample starts."""
+        settings = load_config(config)
+        await anyio.to_thread.run_sync(_probe, settings)
+
+    @classmethod
+    async def sample_init(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        metadata: dict[str, str],
+    ) -> dict[str, SandboxEnvironment]:
+        env = await cls.open(load_config(config))
+        _open_environments().add(env)
+        return {"default": env}
+
+    @classmethod
+    async def open(cls, config: SandboxrunConfig) -> SandboxrunSandboxEnvironment:
+        """A sandbox for one sample (what ``sample_init`` returns as ``default``)."""
+        template = config.workspace_path()
+        owned = template is None or config.workspace_mode == "copy"
+        if owned:
+            workspace = await anyio.to_thread.run_sync(workspaces.create, template, _owner(config))
+        else:
+            assert template is not None
+            workspace = template
+        try:
+            sandbox = _sandbox(config, workspace)
+            await sandbox.__aenter__()
+        except BaseException:
+            if owned:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(workspaces.remove, workspace)
+            raise
+        return cls(sandbox, config, workspace, owned)
+
+    async def close(self) -> None:
+        """Close the sandbox (its container is removed) and remove a private workspace.
+        Idempotent; shielded from cancellation, bounded by sandboxrun's close budget."""
+        with anyio.CancelScope(shield=True):
+            if self._closed:
+                return
+            self._closed = True
+            _open_environments().discard(self)
+            try:
+                await self.sandbox.aclose()
+                for problem in self.sandbox.close_errors:
+                    log.warning("sandboxrun: %s", problem)
+            finally:
+                if self.owned:
+                    await anyio.to_thread.run_sync(workspaces.remove, self.workspace)
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        for env in environments.values():
+            if isinstance(env, SandboxrunSandboxEnvironment):
+                await env.close()
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        """Close what samples left open (``--no-sandbox-cleanup``: keep them until this
+        process exits, which ends their containers; their workspaces stay for
+        ``inspect sandbox cleanup sandboxrun``)."""
+        left = list(_open_environments())
+        if not cleanup:
+            for env in left:
+                log.info("sandboxrun: keeping the sandbox workspace %s", env.workspace)
+            return
+        for env in left:
+            await env.close()
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        """``inspect sandbox cleanup sandboxrun [ID]``: the workspaces (and their containers)
+        of evals whose process is gone; ID (a workspace's name, or a container id) removes
+        that one even while its eval runs."""
+        containers, removed, kept = await anyio.to_thread.run_sync(workspaces.cleanup, id)
+        print(f"sandboxrun: removed {containers} container(s) and {removed} workspace(s)")
+        if kept:
+            print(
+                f"sandboxrun: kept {kept} workspace(s) of running evals "
+                "(pass one's name to remove it)"
+            )
+
+    # -- commands -----------------------------------------------------------------------------
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> InspectResult[str]:
+        """Run ``cmd`` in the sandbox (sandboxrun's termination and output engine). A timeout
+        raises ``TimeoutError`` once every process of the command is dead; a stream over
+        inspect's output limit raises ``OutputLimitExceededError``. ``timeout_retry`` and
+        ``concurrency`` do not apply: a timeout is the command's own, never the engine's."""
+        if not cmd:
+            raise ValueError("exec needs a command")
+        if user is not None:
+            verdict = user_verdict(user, uid=self.uid, users=await self._passwd(user))
+            if verdict == "missing":
+                return missing_user_result(user)
+            if verdict == "other":
+                raise SandboxUserUnsupportedError(
+                    f"this sandboxrun sandbox runs every command as uid {self.uid} (the config's "
+                    f"`user`); it cannot run one as {user!r}"
+                )
+        stdin = input.encode("utf-8") if isinstance(input, str) else input
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        plan = plan_cwd(cwd, self.root)
+        try:
+            try:
+                request = self._prepare(plan, cmd, env, timeout, stdin, limit)
+            except WorkspaceError:  # the host refuses the workdir: the sandbox decides
+                plan = with_wrapper(plan, self.root)
+                request = self._prepare(plan, cmd, env, timeout, stdin, limit)
+        except InputError as exc:
+            raise ValueError(str(exc)) from exc
+        try:
+            result = await self.sandbox.run_request(request)
+        except (SandboxrunError, RuntimeError) as exc:
+            raise InspectUnavailable(f"The sandbox cannot run commands: {exc}") from exc
+        return to_inspect(
+            result,
+            limit=limit,
+            limit_str=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
+            timeout=timeout,
+            cmd=cmd,
+            wrapped=plan.wrap is not None,
+        )
+
+    def _prepare(
+        self,
+        plan: CwdPlan,
+        cmd: list[str],
+        env: dict[str, str] | None,
+        timeout: int | None,
+        stdin: bytes | None,
+        limit: int,
+    ) -> ExecRequest:
+        request = self.sandbox.prepare(
+            plan.argv(cmd),
+            workdir=plan.workdir,
+            env=env or None,
+            timeout=None if timeout is None else float(timeout),
+            stdin=stdin,
+        )
+        # inspect's limit (a context variable: it may differ per call) is what is kept
+        limits = request.limits.model_copy(update={"max_output": max(limit, 64)})
+        return dataclasses.replace(request, limits=limits)
+
+    async def _passwd(self, user: str) -> dict[str, int]:
+        """The sandbox's users (its ``/etc/passwd``), read once; not needed for a uid."""
+        if user.isdecimal():
+            return {}
+        if self._users is None:
+            try:
+                text = await self.sandbox.read_file("/etc/passwd", max_bytes=16 << 20)
+            except SandboxrunError:
+                text = b""
+            self._users = parse_passwd(text.decode("utf-8", "replace"))
+        return self._users
+
+    # -- files --------------------------------------------------------------------------------
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        """The file's content (text: UTF-8, newlines kept as they are). Over inspect's read
+        limit: ``OutputLimitExceededError`` (nothing is read past it)."""
+        try:
+            data = await self.sandbox.read_file(
+                sandbox_path(file), max_bytes=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+            )
+        except SandboxFileTooLargeError as exc:
+            raise OutputLimitExceededError(
+                SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
+            ) from exc
+        except (SandboxFileError, WorkspaceError) as exc:
+            raise file_error(exc, file) from exc
+        except SandboxrunError as exc:
+            raise InspectUnavailable(f"The sandbox cannot read files: {exc}") from exc
+        return data.decode("utf-8") if text else data
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        """Create or replace ``file`` (its missing parent directories are created)."""
+        data = contents.encode("utf-8") if isinstance(contents, str) else bytes(contents)
+        path = sandbox_path(file)
+        try:
+            await self._write(path, data, file)
+        except FileNotFoundError:
+            parent = posixpath.dirname(path)
+            if parent in ("", ".", "/"):
+                raise
+            await self._mkdir(parent, file)
+            await self._write(path, data, file)
+
+    async def _write(self, path: str, data: bytes, file: str) -> None:
+        try:
+            await self.sandbox.write_file(path, data)
+        except (SandboxFileError, WorkspaceError) as exc:
+            raise file_error(exc, file) from exc
+        except SandboxrunError as exc:
+            raise InspectUnavailable(f"The sandbox cannot write files: {exc}") from exc
+
+    async def _mkdir(self, parent: str, file: str) -> None:
+        result = await self.exec([MKDIR, "-p", "--", parent], timeout=60)
+        if result.success:
+            return
+        said = result.stderr.strip()
+        for words, kind, code in (
+            ("permission denied", PermissionError, errno.EACCES),
+            ("read-only file system", PermissionError, errno.EROFS),
+            ("not a directory", NotADirectoryError, errno.ENOTDIR),
+            ("file exists", NotADirectoryError, errno.ENOTDIR),
+        ):
+            if words in said.lower():
+                raise kind(code, f"cannot create the directory {parent!r}: {said}", file)
+        raise OSError(errno.EIO, f"cannot create the directory {parent!r}: {said}", file)
+
+    # -- connection ---------------------------------------------------------------------------
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        """``docker exec -it ... bash -l`` into the sample's container (docker backend)."""
+        backend = self.sandbox.backend if not self._closed else None
+        if backend is None:
+            raise ConnectionError("the sandbox is closed")
+        if backend.name != "docker":
+            raise NotImplementedError(f"no connection to a {backend.name} sandbox")
+        container = getattr(backend, "container_id", None)
+        if not isinstance(container, str):
+            raise ConnectionError("the sandbox's container is not running")
+        who = user or str(getattr(backend, "user", self.uid))
+        command = ["docker", "exec", "-it", "-u", who, "-w", self.root, container, "bash", "-l"]
+        return SandboxConnection(
+            type="sandboxrun",
+            command=shlex.join(command),
+            vscode_command=None
+            if user
+            else ["remote-containers.attachToRunningContainer", container],
+            container=container,
+        )
+
+
+def _sandbox(config: SandboxrunConfig, workspace: Path) -> Sandbox:
+    """The (unopened) ``Sandbox`` that ``config`` describes, over ``workspace``."""
+    return Sandbox(
+        workspace,
+        backend=config.backend,
+        policy=config.policy(),
+        limits=config.limits(),
+        env=config.env,
+        pass_env=config.pass_env,
+        host_env=_host_env(config),
+        image=config.image,
+        user=config.user,
+        login=config.login,
+        login_shell=config.login_shell,
+    )
+
+
+def _probe(config: SandboxrunConfig) -> None:
+    """Raise what opening a sandbox with ``config`` would (no container is created)."""
+    probe_dir = Path(tempfile.mkdtemp(prefix="sandboxrun-inspect-probe-"))
+    try:
+        _sandbox(config, probe_dir).choose_backend()
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
