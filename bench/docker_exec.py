@@ -33,7 +33,8 @@ with the supervisor path's steps wrapped in timers: where the time of one exec g
 the spawn message to the supervisor's "spawned"; ``wait_exit``: from the handle's creation to the
 exit report; ``pump``: until both output pipes are at EOF; ``terminate``: the post-exit
 terminate round trip, with ``leftovers``, the host's check of the container's cgroup;
-``backend_exec``: the backend's whole share; the rest of ``wall`` is the ``Sandbox`` layer).
+``start``/``finalize``: the backend's share around supervision; the rest of ``wall`` is
+``engine.run`` and the ``Sandbox`` layer).
 
 Env: ``BENCH_N`` (100), ``BENCH_BLOCK`` (10), ``BENCH_SETTLE_MS`` (20), ``BENCH_PHASE_N`` (20).
 """
@@ -84,7 +85,8 @@ PHASES: tuple[tuple[Any, str, str], ...] = (
     (supervised.SupervisedRun, "pump", "pump"),
     (supervised.SupervisedRun, "terminate", "terminate"),
     (DockerBackend, "_leftovers", "leftovers"),
-    (DockerBackend, "_exec_supervised", "backend_exec"),
+    (DockerBackend, "start", "start"),
+    (DockerBackend, "finalize", "finalize"),
 )
 
 

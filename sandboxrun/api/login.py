@@ -131,6 +131,10 @@ def parse_output(out: bytes, marker: str) -> tuple[str | None, dict[str, str] | 
     return shell, env
 
 
+def _key(request: ExecRequest) -> Key:
+    return ("each",) if request.login == "each" else ("snapshot", *request.path_prepend)
+
+
 class NotRun(Exception):
     """The command is not started: ``status`` ``timed_out`` (its deadline passed while its
     snapshot was taken or waited for) or ``sandbox_error`` (the sandbox itself failed the
@@ -183,30 +187,41 @@ class Logins:
         ``run``, a raw request at the workspace root, in the command's scope: a cancellation
         propagates and keeps nothing), its ``timeout_s`` less the time that took, and the
         warning to report with its result (once per failed snapshot). Raises ``NotRun``."""
+        ready = self.ready(request)
+        if ready is not None:
+            return ready
+        deadline = time.monotonic() + request.timeout_s
+        mode: LoginMode = "each" if request.login == "each" else "snapshot"
+        key = _key(request)
+        async with self._locked(key, deadline, request.timeout_s):
+            state = self._states.get(key)
+            if state is None:
+                state = await self._take(mode, request, run, deadline)
+                self._states[key] = state
+                while len(self._states) > MAX_KEYS:
+                    self._states.popitem(last=False)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NotRun("timed_out", _out_of_time(request.timeout_s))
+        return self._resolved(dataclasses.replace(request, timeout_s=left), state)
+
+    def ready(self, request: ExecRequest) -> tuple[ExecRequest, str | None] | None:
+        """What ``resolve`` gives when nothing has to run for it (a raw request, a ``pids``
+        limit no login shell fits, or the snapshot already taken), else None."""
         if request.login == "raw":
             return request, None
-        started = time.monotonic()
-        deadline = started + request.timeout_s
         pids = request.limits.pids
         if pids is not None and pids < MIN_LOGIN_PIDS:
             return dataclasses.replace(request, login="each", direct_argv=True), None
-        mode: LoginMode = "each" if request.login == "each" else "snapshot"
-        key = ("each",) if mode == "each" else ("snapshot", *request.path_prepend)
+        key = _key(request)
         state = self._states.get(key)
-        if state is not None:
-            self._states.move_to_end(key)
-        else:
-            async with self._locked(key, deadline, request.timeout_s):
-                state = self._states.get(key)
-                if state is None:
-                    state = await self._take(mode, request, run, deadline)
-                    self._states[key] = state
-                    while len(self._states) > MAX_KEYS:
-                        self._states.popitem(last=False)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise NotRun("timed_out", _out_of_time(request.timeout_s))
-            request = dataclasses.replace(request, timeout_s=left)
+        if state is None:
+            return None
+        self._states.move_to_end(key)
+        return self._resolved(request, state)
+
+    @staticmethod
+    def _resolved(request: ExecRequest, state: _State) -> tuple[ExecRequest, str | None]:
         warning = None
         if state.warning is not None and not state.reported:
             state.reported, warning = True, state.warning

@@ -28,15 +28,17 @@ from sandboxrun import backends
 from sandboxrun.api import files
 from sandboxrun.api.jobs import MAX_ENDED_JOBS, Job
 from sandboxrun.api.login import Logins, NotRun
-from sandboxrun.engine import denial
+from sandboxrun.engine import denial, results
 from sandboxrun.engine.argv import join_path_prepend, validate_argv
 from sandboxrun.engine.capture import redact
 from sandboxrun.engine.capture.prune import auto_prune
 from sandboxrun.engine.capture.spill import SpillSession, default_spill_root
 from sandboxrun.engine.env import build_env
+from sandboxrun.engine.launch import Launch
 from sandboxrun.engine.paths import Workspace
 from sandboxrun.engine.request import ExecRequest, LoginMode, Sink, StdinStream
-from sandboxrun.engine.supervise import RunFacts
+from sandboxrun.engine.results import RunFacts
+from sandboxrun.engine.run import run as run_engine
 from sandboxrun.errors import ConfigError, PolicyRefusedError
 from sandboxrun.models import ExecResult, Limits, Policy, Status, required_guarantees
 
@@ -214,8 +216,7 @@ class Sandbox:
             await backend.open()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await backend.close()
-            self._collect_close_errors(backend)
+                self.close_errors += await backend.close()
             raise
         self._backend = backend
         self._open_spill()
@@ -252,8 +253,7 @@ class Sandbox:
                     await job.ended()
                 backend, self._backend = self._backend, None
                 if backend is not None:
-                    await backend.close()
-                    self._collect_close_errors(backend)
+                    self.close_errors += await backend.close()
                 for job in list(self._jobs):
                     job.release()
             finally:
@@ -265,9 +265,6 @@ class Sandbox:
                 finally:
                     self._closed = None
                     closed.set()
-
-    def _collect_close_errors(self, backend: backends.Backend) -> None:
-        self.close_errors += getattr(backend, "close_errors", [])
 
     # -- files (sandboxrun/api/files.py, docs/files.md) -------------------------------------------
     def _files(self) -> files.SandboxFiles:
@@ -375,8 +372,18 @@ class Sandbox:
         return self._with_spill_dir(request)
 
     def missing_guarantees(self, request: ExecRequest) -> list[str]:
-        enforced = set(self.backend.isolation(request))
+        """What the policy and limits ask for that this backend would not enforce for
+        ``request`` (``InputError`` when it cannot carry it)."""
+        return self._missing(self.backend.plan(request).isolation)
+
+    def _missing(self, isolation: list[str]) -> list[str]:
+        enforced = set(isolation)
         return [g for g in required_guarantees(self.policy, self.limits) if g not in enforced]
+
+    def _refuse(self, missing: list[str]) -> None:
+        """Fail closed: a run missing a guarantee it asks for needs ``allow_degraded``."""
+        if missing and (self.policy.strict or not self.policy.allow_degraded):
+            raise PolicyRefusedError(self.backend.name, missing, strict=self.policy.strict)
 
     async def exec(
         self,
@@ -462,10 +469,7 @@ class Sandbox:
             limits=request.limits.model_copy(update={"idle_timeout_s": idle_timeout}),
         )
         backend = self.backend
-        backend.check_request(request)
-        missing = self.missing_guarantees(request)
-        if missing and (self.policy.strict or not self.policy.allow_degraded):
-            raise PolicyRefusedError(backend.name, missing, strict=self.policy.strict)
+        self._refuse(self.missing_guarantees(request))
         if self._closed is not None:
             raise RuntimeError("the Sandbox is closing: no new job can start")
         stream = StdinStream() if stdin is True else None
@@ -579,10 +583,10 @@ class Sandbox:
         it ends the run like ``aclose`` does, with a ``cancelled`` result), else a new one."""
         backend = self.backend
         request = self._with_spill_dir(request)
-        backend.check_request(request)
-        missing = self.missing_guarantees(request)
-        if missing and (self.policy.strict or not self.policy.allow_degraded):
-            raise PolicyRefusedError(backend.name, missing, strict=self.policy.strict)
+        ready = self._logins.ready(request)  # the login snapshot already taken, or none needed
+        launch = backend.plan(request if ready is None else ready[0])  # InputError: nothing ran
+        missing = self._missing(launch.isolation)
+        self._refuse(missing)
         if missing and tuple(missing) not in self._warned:
             self._warned.add(tuple(missing))
             log.warning(
@@ -590,28 +594,33 @@ class Sandbox:
             )
         if self._closed is not None:
             raise RuntimeError("the Sandbox is closing: no new command can start")
-        facts = self._facts(request, missing)  # the per-command form until the login resolves
+        facts = self._facts(launch, missing)  # the per-command form until the login resolves
         scope, done = anyio.CancelScope() if scope is None else scope, anyio.Event()
         self._inflight[scope] = done
-        started, login_s, login_warning = time.monotonic(), 0.0, None
+        started = time.monotonic()
         result: ExecResult | None = None
         unstarted: tuple[Status, str] = ("cancelled", "cancelled before the command started")
         try:
             with scope:
                 try:  # the login-shell snapshot (sandboxrun.api.login), in the run's scope and time
-                    request, login_warning = await self._logins.resolve(request, self._raw_exec)
+                    if ready is None:
+                        ready = await self._logins.resolve(request, self._raw_exec)
+                        launch = backend.plan(ready[0])
                 except NotRun as exc:
                     unstarted = (exc.status, str(exc))
                 else:
-                    login_s, facts = time.monotonic() - started, self._facts(request, missing)
-                    result, cancelled = await backend.exec(request, facts)
+                    request, warning = ready
+                    login_s = time.monotonic() - started
+                    facts = self._facts(launch, missing, login_s, warning)
+                    finished = await run_engine(backend, launch, facts)
+                    result = finished.result
                     self.last_result = self._masked(result, request)
-                    if cancelled is not None:
-                        raise cancelled
+                    if finished.cancelled is not None:
+                        raise finished.cancelled
         except anyio.get_cancelled_exc_class():
             if result is None:  # the caller's cancellation, before the command started
                 self.last_result = self._masked(
-                    unstarted_result(facts, *unstarted, started), request
+                    results.unstarted(facts, *unstarted, started), request
                 )
             raise
         finally:
@@ -624,11 +633,7 @@ class Sandbox:
             if result is not None:
                 result = result.model_copy(update={"error": unstarted[1]})
         if result is None:  # closed before the backend started anything, or NotRun
-            result = unstarted_result(facts, *unstarted, started)
-        elif login_s:
-            result = result.model_copy(update={"duration_s": round(result.duration_s + login_s, 6)})
-        if login_warning is not None:
-            result = result.model_copy(update={"warnings": [*result.warnings, login_warning]})
+            result = results.unstarted(facts, *unstarted, started)
         result = self._masked(self._diagnose(result, request), request)
         self.last_result = result
         return result
@@ -640,40 +645,32 @@ class Sandbox:
         with; the policy a denial offers is kept exact (it is what an escalation runs)."""
         return redact.mask_model(result, redact.redactor_for(request), keep=(Policy,))
 
-    def _facts(self, request: ExecRequest, missing: list[str]) -> RunFacts:
-        backend = self.backend
+    def _facts(
+        self,
+        launch: Launch,
+        missing: list[str],
+        login_s: float = 0.0,
+        warning: str | None = None,
+    ) -> RunFacts:
         return RunFacts(
-            backend=backend.name,
-            argv=redact.mask_argv(backend.command(request), request),
-            run_id=request.run_id,
-            isolation=backend.isolation(request),
+            backend=self.backend.name,
+            argv=redact.mask_argv(launch.argv, launch.request),
+            run_id=launch.request.run_id,
+            isolation=launch.isolation,
             missing=missing,
             fallback_reason=self.fallback_reason,
+            via=launch.via,
+            login_s=login_s,
+            warnings=() if warning is None else (warning,),
         )
 
     async def _raw_exec(self, request: ExecRequest) -> ExecResult:
         """Run ``request`` as is (``login.Logins``'s snapshot), in the caller's scope."""
-        result, cancelled = await self.backend.exec(request, self._facts(request, []))
-        if cancelled is not None:
-            raise cancelled
-        return result
-
-
-def unstarted_result(facts: RunFacts, status: Status, error: str, started: float) -> ExecResult:
-    """The result of a command that never started (``status``: why)."""
-    return ExecResult(
-        status=status,
-        timed_out=status == "timed_out",
-        timeout_kind="wall" if status == "timed_out" else None,
-        duration_s=round(time.monotonic() - started, 6),
-        backend=facts.backend,
-        isolation=facts.isolation,
-        missing_guarantees=facts.missing,
-        fallback_reason=facts.fallback_reason,
-        argv=facts.argv,
-        run_id=facts.run_id,
-        error=error,
-    )
+        launch = self.backend.plan(request)
+        finished = await run_engine(self.backend, launch, self._facts(launch, []))
+        if finished.cancelled is not None:
+            raise finished.cancelled
+        return finished.result
 
 
 def run(

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sandboxrun.backends.local.isolation import HostSupport
+from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.paths import Workspace
 from sandboxrun.engine.request import ExecRequest
-from sandboxrun.engine.supervise import RunFacts
-from sandboxrun.models import BackendName, ExecResult, Limits, Policy
+from sandboxrun.engine.results import Verdict
+from sandboxrun.engine.supervise import RunHandle, Supervision
+from sandboxrun.models import BackendName, Limits, Policy
 
 log = logging.getLogger("sandboxrun")
 
@@ -29,35 +31,36 @@ class Probe:
 
 
 class Backend(Protocol):
-    """One way to run commands. Opened once per ``Sandbox``, then many ``exec`` calls."""
+    """One sandbox: created for a ``Context``, opened once, then many runs, each driven by
+    ``engine.run`` (plan -> start -> supervise -> finalize). Raises only ``SandboxrunError``."""
 
     name: BackendName
 
     async def open(self) -> None:
         """Acquire what the backend needs. A failure releases whatever was acquired."""
 
-    def command(self, request: ExecRequest) -> list[str]:
-        """The argv of the command itself as this backend spawns it (``ExecResult.argv``)."""
+    async def revive(self) -> None:
+        """Before a call uses the sandbox: replace a supervisor (container, holder) found
+        dead, stopped or tampered with. Cancellable; never half done."""
 
-    def describe(self, request: ExecRequest) -> list[str]:
-        """The whole argv that would run ``request`` (``--dry-run``), secrets redacted."""
+    def plan(self, request: ExecRequest) -> Launch:
+        """How ``request`` would run here, computed once: argv, env, cwd, the guarantees
+        really enforced, ``via``, and the whole argv for ``--dry-run``. Pure; raises an
+        ``InputError`` when this backend cannot carry the request exactly (bytes that are not
+        UTF-8 through docker's JSON API)."""
 
-    def isolation(self, request: ExecRequest) -> list[str]:
-        """The guarantees that would really be enforced for ``request``."""
+    async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
+        """Start the command (called shielded). ``NotStarted`` for a run that ended before
+        its command began (``spawn_error``, ``sandbox_error``); on any failure whatever it
+        acquired is released."""
 
-    def check_request(self, request: ExecRequest) -> None:
-        """Raise an ``InputError`` when this backend cannot carry ``request`` exactly (e.g. bytes
-        that are not UTF-8 through docker's JSON API). Called before anything runs."""
+    async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
+        """After supervision (shielded; bounded; never raises): release what the run held
+        and say what really happened (an OOM kill, the sandbox's death, limits lost)."""
 
-    async def exec(
-        self, request: ExecRequest, facts: RunFacts
-    ) -> tuple[ExecResult, BaseException | None]:
-        """Run one command to its end and return its result. A non-zero exit is data. When the
-        caller's scope was cancelled, cleanup is done first and the cancellation exception is
-        returned beside the (``cancelled``) result for the caller to re-raise."""
-
-    async def close(self) -> None:
-        """Release everything; bounded, safe to call twice."""
+    async def close(self) -> list[str]:
+        """Release everything; bounded, safe to call twice. Returns what could not be
+        released (a container left behind), one sentence each."""
 
 
 @dataclass(frozen=True)

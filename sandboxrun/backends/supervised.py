@@ -1,22 +1,18 @@
 """One command under a sandbox's supervisor (``sandboxrun/supervisor/runner.py``), for every
-backend that
-has one: process-group (on the host, inside the sandbox's namespaces) and docker (inside the
-container). The host makes the run's pipes, passes their far ends with the spawn (SCM_RIGHTS),
-and reads the output straight into its captures; the supervisor ``execve``s, reports the exact
-errno of a failed spawn, the exit status and rusage, and kills the run's tree on request.
+backend that has one: process-group (on the host, inside the sandbox's namespaces) and docker
+(inside the container). The host makes the run's pipes (``engine.launch.Stdio``), passes their
+far ends with the spawn (SCM_RIGHTS), and reads the output straight into its captures; the
+supervisor ``execve``s, reports the exact errno of a failed spawn, the exit status and rusage,
+and kills the run's tree on request.
 
 The host never trusts the supervisor for more than it must: its frames are bounded and
-validated (``RunnerClient``), and a backend can check quiescence itself (``Checks.verify``).
+validated (``RunnerClient``), and a backend can check quiescence itself (``verify``).
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -24,44 +20,17 @@ import anyio.to_thread
 import psutil
 
 from sandboxrun.backends.client import Channel, RunnerClient
-from sandboxrun.engine.capture.pipes import FdPump, StdinFeed, output_pipe
-from sandboxrun.engine.capture.stream import StreamCapture
+from sandboxrun.engine.capture.pipes import FdPump
+from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.request import ExecRequest
-from sandboxrun.engine.supervise import (
-    KILL_BUDGET_S,
-    RunFacts,
-    Termination,
-    build_result,
-    captures,
-    finish_result,
-    sandbox_error_result,
-    supervise_request,
-)
+from sandboxrun.engine.results import NotStarted, spawn_exit_code
+from sandboxrun.engine.supervise import KILL_BUDGET_S, Termination
 from sandboxrun.errors import BackendError
-from sandboxrun.models import ExecResult
 from sandboxrun.supervisor.procfs import MARKER_VAR
 from sandboxrun.supervisor.runner import clip
 
 SPAWN_TIMEOUT_S = 10.0
 ANSWER_MARGIN_S = 5.0
-
-
-def spawn_exit_code(err: int) -> int:
-    """Shell conventions: 127 not found, 126 found but not executable / not runnable."""
-    return 127 if err in (errno.ENOENT, errno.ENOTDIR) else 126
-
-
-@dataclass
-class Checks:
-    """What a backend adds around a supervised run (all optional)."""
-
-    verify: Callable[[str], Awaitable[int]] | None = None
-    """After the supervisor said the run is over: find (and kill) what of the run is still
-    alive, seen from the host; returns how many could not be killed."""
-    classify: Callable[[ExecResult], Awaitable[ExecResult]] | None = None
-    """Turn the result into what really happened (an OOM kill, the sandbox's death)."""
-    before: Callable[[], None] | None = None
-    """Called before the spawn (e.g. read the OOM counter)."""
 
 
 class SupervisedRun:
@@ -71,15 +40,28 @@ class SupervisedRun:
         self,
         client: RunnerClient,
         channel: Channel,
-        streams: list[tuple[int, StreamCapture]],
-        stdin: StdinFeed | None,
+        pump: FdPump,
         verify: Callable[[str], Awaitable[int]] | None = None,
     ) -> None:
         self._client = client
         self._channel = channel
-        self._pump = FdPump(streams, stdin)
+        self._pump = pump
         self._termination: Termination | None = None
         self._verify = verify
+        """After the supervisor said the run is over: find (and kill) what of the run is
+        still alive, seen from the host; returns how many could not be killed."""
+
+    @property
+    def run_id(self) -> str:
+        return self._channel.run_id
+
+    @property
+    def client(self) -> RunnerClient:
+        return self._client
+
+    def close(self) -> None:
+        """The run is over: its channel is forgotten (idempotent)."""
+        self._client.close_channel(self._channel.run_id)
 
     async def wait_exit(self) -> int | None:
         channel = self._channel
@@ -118,9 +100,6 @@ class SupervisedRun:
             error=error,
         )
 
-    def close_stdin(self) -> None:
-        self._pump.close_stdin()
-
     async def pump(self) -> None:
         await self._pump.pump()
 
@@ -133,73 +112,36 @@ def _number(value: Any, kind: type = int) -> Any:
     return kind(value)
 
 
-async def supervised_exec(
+async def start_supervised(
     client: RunnerClient,
-    request: ExecRequest,
-    facts: RunFacts,
-    message: dict[str, Any],
-    checks: Checks | None = None,
-) -> tuple[ExecResult, BaseException | None]:
-    """Run ``request`` under ``client``'s supervisor (``message``: the spawn's argv, env, cwd
-    and options) and supervise it to its end (``process.supervise``)."""
-    checks = checks or Checks()
-    started = time.monotonic()
-    out, err = captures(request)
-    fds: list[int] = []
+    launch: Launch,
+    stdio: Stdio,
+    extra: Mapping[str, object] | None = None,
+    verify: Callable[[str], Awaitable[int]] | None = None,
+) -> SupervisedRun:
+    """Start ``launch`` under ``client``'s supervisor (the spawn's argv, env and cwd from the
+    plan, ``extra`` options beside them), its stdio passed with the spawn. ``NotStarted``
+    when it could not be executed or the supervisor did not answer."""
+    request = launch.request
+    pipes = stdio.pipes()
+    message: dict[str, Any] = {"argv": launch.argv, "env": launch.env, "cwd": launch.cwd}
+    message.update(extra or {})
+    channel = client.open_channel(request.run_id)
     try:
-        out_r, out_w = output_pipe()
-        fds += [out_r, out_w]
-        err_r, err_w = output_pipe()
-        fds += [err_r, err_w]
-        if request.stdin is None:
-            in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
-            fds.append(in_r)
-        else:
-            in_r, in_w = os.pipe2(os.O_CLOEXEC)
-            fds += [in_r, in_w]
-            os.set_blocking(in_w, False)
-        if checks.before is not None:
-            checks.before()
-        channel = client.open_channel(request.run_id)
-        try:
-            with anyio.CancelScope(shield=True):
-                try:
-                    spawn_error = await _spawn(
-                        client, channel, request, message, [in_r, out_w, err_w]
-                    )
-                except BackendError as exc:
-                    return sandbox_error_result(facts, out, err, started, exc), None
-                for fd in (in_r, out_w, err_w):
-                    fds.remove(fd)
-                    os.close(fd)
-            if spawn_error is not None:
-                return spawn_error_result(facts, spawn_error, out, err, started), None
-            run = SupervisedRun(
-                client,
-                channel,
-                [(out_r, out), (err_r, err)],
-                None if request.stdin is None else (in_w, request.stdin),
-                checks.verify,
-            )
-            if request.stdin is not None:
-                fds.remove(in_w)  # the pump owns it now
-            try:
-                sup = await supervise_request(run, request, started)
-            finally:
-                run.close_stdin()
-        finally:
-            client.close_channel(request.run_id)
-    finally:
-        for fd in fds:
-            with suppress(OSError):
-                os.close(fd)
-        out.close()
-        err.close()
-    result = build_result(facts, sup, out, err)
-    if checks.classify is not None:
-        with anyio.CancelScope(shield=True):
-            result = await checks.classify(result)
-    return result, sup.cancel_exc
+        spawned = await _spawn(client, channel, request, message, list(pipes.child))
+    except BackendError as exc:
+        client.close_channel(request.run_id)
+        raise NotStarted("sandbox_error", str(exc)) from None
+    stdio.sent()
+    if spawned is not None:
+        client.close_channel(request.run_id)
+        code, error = spawned.get("errno"), spawned.get("error")
+        raise NotStarted(
+            "spawn_error",
+            clip(str(error)) if error is not None else "the command could not be started",
+            exit_code=spawn_exit_code(code if isinstance(code, int) else 0),
+        )
+    return SupervisedRun(client, channel, pipes.pump, verify)
 
 
 async def _spawn(
@@ -222,26 +164,6 @@ async def _spawn(
             f"{SPAWN_TIMEOUT_S:g} s"
         )
     return channel.spawned if channel.spawned["op"] == "spawn_error" else None
-
-
-def spawn_error_result(
-    facts: RunFacts,
-    reply: dict[str, object],
-    out: StreamCapture,
-    err: StreamCapture,
-    started: float,
-) -> ExecResult:
-    code = reply.get("errno")
-    error = reply.get("error")
-    return finish_result(
-        facts,
-        status="spawn_error",
-        exit_code=spawn_exit_code(code if isinstance(code, int) else 0),
-        stdout=out,
-        stderr=err,
-        duration_s=time.monotonic() - started,
-        error=clip(str(error)) if error is not None else "the command could not be started",
-    )
 
 
 def sweep_marked(run_id: str, grace_s: float) -> int:

@@ -493,8 +493,8 @@ def run(
         )
         if dry_run:
             chosen, _ = sb.choose_backend()
-            chosen.check_request(request)
-            write_out(show_argv(quote_argv(chosen.describe(request)), terminal=_is_tty(1)))
+            planned = chosen.plan(request).shown  # InputError: what would not run is refused
+            write_out(show_argv(quote_argv(planned), terminal=_is_tty(1)))
             raise typer.Exit(0)
         try:
             outcome = anyio.run(_execute, sb, request, interactive)

@@ -3,26 +3,22 @@
 A backend starts the command and hands back a ``RunHandle``; ``supervise`` then applies the
 deadline (and the idle timeout: no output for a while), drains output with a bounded drain
 period, terminates the whole managed range (TERM -> grace -> KILL, done by the backend), and
-turns cancellation into a shielded, bounded cleanup. ``build_result`` turns the outcome into
-the public ``ExecResult``.
+turns cancellation into a shielded, bounded cleanup. ``engine.results`` turns the outcome into
+the public ``ExecResult``; ``engine.run`` is the sequence around it.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import anyio
 
-from sandboxrun.engine.capture.spill import SpillDir, default_spill_root
-from sandboxrun.engine.capture.stream import Activity, LiveSink, StreamCapture
+from sandboxrun.engine.capture.stream import Activity, LiveSink
 from sandboxrun.engine.request import ExecRequest
-from sandboxrun.models import BackendName, ExecResult, Status, TimeoutKind
+from sandboxrun.models import TimeoutKind
 
 KILL_BUDGET_S = 5.0
 """How long after the grace period SIGKILL is repeated before survivors are reported."""
@@ -213,171 +209,12 @@ async def supervise(
     return sup
 
 
-def decode_wait_status(status: int | None) -> tuple[int | None, str | None]:
-    """``(exit_code, signal_name)`` from a raw wait status."""
-    if status is None:
-        return None, None
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status), None
-    if os.WIFSIGNALED(status):
-        return None, signal_name(os.WTERMSIG(status))
-    return None, None
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
-
-
-@dataclass
-class RunFacts:
-    """Everything about a run besides its supervision outcome."""
-
-    backend: BackendName
-    argv: list[str]
-    run_id: str
-    isolation: list[str]
-    missing: list[str]
-    fallback_reason: str | None
-    via: str | None = None
-    """How the backend started the command (``ExecResult.via``); set by the backend."""
-
-
-def build_result(
-    facts: RunFacts,
-    sup: Supervision,
-    stdout: StreamCapture,
-    stderr: StreamCapture,
-) -> ExecResult:
-    exit_code, sig = decode_wait_status(sup.wait_status)
-    status: Status
-    error = sup.termination.error
-    if sup.reason == "timeout":
-        status = "timed_out"
-        if sup.timeout_kind == "idle" and sup.idle_s is not None:
-            note = f"no output for {sup.idle_s:g}s (idle timeout)"
-            error = f"{note}; {error}" if error else note
-    elif sup.reason == "cancel":
-        status = "cancelled"
-    elif sup.reason == "lost":
-        status = "sandbox_error"
-        error = error or "the backend lost the command before it exited"
-    elif exit_code == 0:
-        status = "completed"
-    else:
-        status = "failed"
-    if sup.termination.survivors:
-        note = f"{sup.termination.survivors} process(es) of the run could not be killed"
-        error = f"{error}; {note}" if error else note
-    return finish_result(
-        facts,
-        status=status,
-        exit_code=exit_code,
-        signal=sig,
-        duration_s=sup.duration_s,
-        stdout=stdout,
-        stderr=stderr,
-        termination=sup.termination,
-        error=error,
-        timeout_kind=sup.timeout_kind,
-    )
-
-
-def finish_result(
-    facts: RunFacts,
-    *,
-    status: Status,
-    stdout: StreamCapture,
-    stderr: StreamCapture,
-    duration_s: float,
-    exit_code: int | None = None,
-    signal: str | None = None,
-    termination: Termination | None = None,
-    error: str | None = None,
-    timeout_kind: TimeoutKind | None = None,
-) -> ExecResult:
-    """Assemble an ``ExecResult`` (also for runs that never started). A ``timed_out`` one
-    without ``timeout_kind`` hit the wall-clock deadline."""
-    term = termination or Termination()
-    for capture in (stdout, stderr):
-        capture.keep_if_lossy()
-    out, err = stdout.report(), stderr.report()
-    warnings = [n for c in (stdout, stderr) for n in (c.spill_error, c.sink_error) if n]
-    return ExecResult(
-        status=status,
-        exit_code=exit_code,
-        signal=signal,
-        timed_out=status == "timed_out",
-        timeout_kind=(timeout_kind or "wall") if status == "timed_out" else None,
-        duration_s=round(duration_s, 6),
-        cpu_s=term.cpu_s,
-        peak_rss_bytes=term.peak_rss_bytes,
-        stdout=out.text,
-        stdout_total_bytes=out.total_bytes,
-        stdout_dropped_bytes=out.dropped_bytes,
-        stdout_truncated=out.truncated,
-        stdout_spill=out.spill,
-        stdout_spill_complete=out.spill_complete,
-        stderr=err.text,
-        stderr_total_bytes=err.total_bytes,
-        stderr_dropped_bytes=err.dropped_bytes,
-        stderr_truncated=err.truncated,
-        stderr_spill=err.spill,
-        stderr_spill_complete=err.spill_complete,
-        backend=facts.backend,
-        isolation=facts.isolation,
-        missing_guarantees=facts.missing,
-        fallback_reason=facts.fallback_reason,
-        via=facts.via,
-        survivors=term.survivors,
-        argv=facts.argv,
-        run_id=facts.run_id,
-        error=error,
-        warnings=warnings,
-    )
-
-
-_ACTIVITY: weakref.WeakValueDictionary[str, Activity] = weakref.WeakValueDictionary()
-"""Each live run's ``Activity`` by run id (``captures`` makes it, ``supervise_request`` finds
-it): no backend has to hand it over; it goes with the run's captures."""
-
-
-def captures(request: ExecRequest) -> tuple[StreamCapture, StreamCapture]:
-    """The stdout and stderr captures of one run (spilling under the run's own directory),
-    each masking the run's secret values (``redact.redactor_for``; none: no masking at all)."""
-    from sandboxrun.engine.capture.redact import redactor_for
-
-    limits = request.limits
-    spill = SpillDir(limits.spill_dir or default_spill_root(), request.run_id)
-    args = (limits.max_output, limits.spill_max, spill, request.sink)
-    activity = Activity()  # one for both streams: the idle timeout watches the run as a whole
-    _ACTIVITY[request.run_id] = activity
-    return (
-        StreamCapture("stdout", *args, redactor=redactor_for(request), activity=activity),
-        StreamCapture("stderr", *args, redactor=redactor_for(request), activity=activity),
-    )
-
-
-def sandbox_error_result(
-    facts: RunFacts, out: StreamCapture, err: StreamCapture, started: float, exc: BaseException
-) -> ExecResult:
-    """The result of a run the backend could not start or lost."""
-    duration = time.monotonic() - started
-    return finish_result(
-        facts, status="sandbox_error", stdout=out, stderr=err, duration_s=duration, error=str(exc)
-    )
-
-
 async def supervise_request(
-    handle: RunHandle, request: ExecRequest, started: float, activity: Activity | None = None
+    handle: RunHandle, request: ExecRequest, started: float, activity: Activity | None
 ) -> Supervision:
     """``supervise`` with the request's limits. The idle timeout (``Limits.idle_timeout_s``)
-    watches ``activity``: by default the one ``captures(request)`` made for the run."""
+    watches ``activity``: the one both captures of the run stamp."""
     limits = request.limits
-    if activity is None:
-        activity = _ACTIVITY.get(request.run_id)
     return await supervise(
         handle,
         timeout_s=request.timeout_s,

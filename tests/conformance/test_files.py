@@ -49,8 +49,9 @@ async def sh(sb: Sandbox, script: str) -> str:
 def private_tmp(sb: Sandbox) -> bool:
     """Whether the sandbox has its own /tmp and HOME, which the API may write (without
     namespaces a local sandbox can write only its workspace)."""
-    return sb.backend.name == "docker" or "private-tmp" in sb.backend.isolation(
-        sb.prepare(["true"])
+    return (
+        sb.backend.name == "docker"
+        or "private-tmp" in sb.backend.plan(sb.prepare(["true"])).isolation
     )
 
 

@@ -16,14 +16,10 @@ from sandboxrun import Limits
 from sandboxrun.api.sandbox import Sandbox
 from sandboxrun.cli.report import summary
 from sandboxrun.engine.capture.stream import Activity, StreamCapture
-from sandboxrun.engine.supervise import (
-    RunFacts,
-    Supervision,
-    Termination,
-    build_result,
-    captures,
-    supervise,
-)
+from sandboxrun.engine.launch import captures
+from sandboxrun.engine.results import RunFacts
+from sandboxrun.engine.results import build as build_result
+from sandboxrun.engine.supervise import Supervision, Termination, supervise
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import ExecResult
 
@@ -52,8 +48,8 @@ def test_idle_timeout_defaults_to_none_and_is_overridden_per_exec(tmp_path: Path
 
 def test_both_captures_of_a_run_share_one_activity(tmp_path: Path) -> None:
     request = Sandbox(tmp_path).prepare(["true"])
-    out, err = captures(request)
-    assert out.activity is err.activity
+    out, err, activity = captures(request)
+    assert out.activity is err.activity is activity
     before = time.monotonic()
     err.feed(b"x")
     assert out.activity.last >= before

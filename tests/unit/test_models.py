@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from sandboxrun import ExecError, ExecResult, Limits, Policy
 from sandboxrun.cli.report import exit_status
+from sandboxrun.engine.results import decode_wait_status
 from sandboxrun.engine.sanitize import TerminalSanitizer
-from sandboxrun.engine.supervise import decode_wait_status
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import required_guarantees
 from sandboxrun.units import parse_size

@@ -33,19 +33,15 @@ from sandboxrun.backends.docker import rendezvous as sv
 from sandboxrun.backends.docker import seccomp as docker_seccomp
 from sandboxrun.backends.docker.config import BASE_IMAGE
 from sandboxrun.backends.docker.engine_exec import DockerRun, start_timeout
-from sandboxrun.backends.supervised import Checks, supervised_exec
-from sandboxrun.engine import argv
+from sandboxrun.backends.supervised import SupervisedRun, start_supervised
+from sandboxrun.engine import argv, results
+from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.paths import CONTAINER_ROOT, Workspace
 from sandboxrun.engine.request import ExecRequest
-from sandboxrun.engine.supervise import (
-    RunFacts,
-    build_result,
-    captures,
-    sandbox_error_result,
-    supervise_request,
-)
+from sandboxrun.engine.results import NotStarted, Verdict
+from sandboxrun.engine.supervise import RunHandle, Supervision
 from sandboxrun.errors import BackendError, SandboxUnavailableError
-from sandboxrun.models import BackendName, ExecResult, Limits, Policy
+from sandboxrun.models import BackendName, Limits, Policy
 from sandboxrun.supervisor import procfs as proctree
 from sandboxrun.supervisor.procfs import MARKER_VAR
 
@@ -53,6 +49,10 @@ CLOSE_BUDGET_S = 15.0
 """How long closing may take in all: removal attempts, retries and backoff."""
 REMOVE_ATTEMPT_S = 5.0
 """The deadline of one removal request (a stalled engine is asked again)."""
+SPAWN_EXTRA = {
+    "inherit": True,  # the image's environment under it, as ``docker exec`` gives
+    "oom_score_adj": 1000,  # the OOM killer takes a command, not the supervisor
+}
 log = logging.getLogger("sandboxrun")
 
 
@@ -144,12 +144,15 @@ class DockerBackend:
         self.run_cgroup_base: Path | None = None
         """The container's cgroup v2 directory, when each exec gets a child cgroup there."""
         self.active: set[str] = set()
+        self._oom_before: dict[str, int | None] = {}
+        """Per supervised run: the container's OOM kill count before it started."""
         self.recycle_needed = False
         self._recycle_lock = anyio.Lock()
         self.limits_shown: set[str] | None = None
         """The limits the container's cgroup really shows (local engines), else None."""
         self.close_errors: list[str] = []
-        """What closing could not do (a container left behind), one sentence each."""
+        """What could not be removed (a container left behind), one sentence each, until
+        ``close`` returns it."""
         self.supervisor: RunnerClient | None = None
         """The supervisor inside the container (``docker_supervisor``), once it connected;
         None: commands go through the engine's exec API (no python3, remote engine)."""
@@ -334,9 +337,10 @@ class DockerBackend:
         )
         return dict(info.get("State") or {})
 
-    async def close(self) -> None:
-        """Remove the container within ``CLOSE_BUDGET_S``; what could not be removed is logged
-        and added to ``close_errors`` (it keeps its labels: ``sandboxrun clean`` removes it)."""
+    async def close(self) -> list[str]:
+        """Remove the container within ``CLOSE_BUDGET_S``; what could not be removed (it keeps
+        its labels: ``sandboxrun clean`` removes it) is logged and returned, one sentence each,
+        with what a failed setup left behind before."""
         cid = self.container_id
         supervisor, self.supervisor = self.supervisor, None
         self.supervisor_pid = None
@@ -350,6 +354,8 @@ class DockerBackend:
             await anyio.to_thread.run_sync(self._close_sync, abandon_on_cancel=True)
         if scope.cancelled_caught and cid is not None:  # a safety net: attempts have deadlines
             self._left_behind(cid, "the engine did not answer")
+        left, self.close_errors = self.close_errors, []
+        return left
 
     def _close_sync(self) -> None:
         # Taken at once: an abandoned close thread must never clear a later (reopened) client.
@@ -373,17 +379,28 @@ class DockerBackend:
         log.warning("sandboxrun: %s", message)
 
     # -- commands ---------------------------------------------------------------------------
-    def isolation(self, request: ExecRequest) -> list[str]:
-        return cfg.isolation(
+    def plan(self, request: ExecRequest) -> Launch:
+        """The Engine API is JSON: argv, script, variables or workdir that are not UTF-8 are
+        refused (``InputError``) instead of being mangled by the engine into U+FFFD."""
+        command = argv.command(request, self.shell)
+        cwd = str(CONTAINER_ROOT / request.workdir_rel)
+        env = self._env(request, cwd)
+        cfg.check_utf8(argv=request.argv, script=request.script, env=env, workdir=cwd)
+        isolation = cfg.isolation(
             self.policy, self.limits, self.user, shown=self.limits_shown, seccomp=self.seccomp
         )
+        shown = cfg.docker_exec_argv(
+            self.container_id or "<sandbox-container>",
+            command,
+            env=env,
+            workdir=cwd,
+            user=self.user,
+            interactive=request.stdin is not None,
+        )
+        via = "supervisor" if self.supervisor is not None else "engine"
+        return Launch(request, command, env, cwd, isolation, via, shown)
 
-    def command(self, request: ExecRequest) -> list[str]:
-        """``argv.command``: the argv itself (or ``<shell> -c script``) under a login-shell
-        snapshot, else the per-command login-shell wrapper."""
-        return argv.command(request, self.shell)
-
-    def env(self, request: ExecRequest) -> dict[str, str]:
+    def _env(self, request: ExecRequest, cwd: str) -> dict[str, str]:
         """Under a login-shell snapshot the whole environment (``argv.exec_env``: PATH
         included; the host's ``HOST_ONLY`` paths only when explicit; ``HOME`` the container's
         unless given; ``PWD`` the workdir: the supervisor's own would be inherited); else
@@ -392,7 +409,7 @@ class DockerBackend:
         if argv.uses_snapshot(request):
             owned = {marker[0]: marker[1]}
             if "PWD" not in request.explicit:
-                owned["PWD"] = self.workdir(request)
+                owned["PWD"] = cwd
             if "HOME" not in request.explicit:
                 owned["HOME"] = cfg.HOME
             return argv.exec_env(request, owned=owned, drop=cfg.HOST_ONLY, utf8_only=True)
@@ -404,119 +421,79 @@ class DockerBackend:
             prepend=() if raw else request.path_prepend,
         )
 
-    def check_request(self, request: ExecRequest) -> None:
-        """The Engine API is JSON: refuse (``InputError``) argv, script, variables or workdir
-        that are not UTF-8 instead of letting the engine mangle them into U+FFFD."""
-        cfg.check_utf8(
-            argv=request.argv,
-            script=request.script,
-            env=self.env(request),
-            workdir=self.workdir(request),
-        )
-
-    def workdir(self, request: ExecRequest) -> str:
-        return str(CONTAINER_ROOT / request.workdir_rel)
-
-    def describe(self, request: ExecRequest) -> list[str]:
-        return cfg.docker_exec_argv(
-            self.container_id or "<sandbox-container>",
-            self.command(request),
-            env=self.env(request),
-            workdir=self.workdir(request),
-            user=self.user,
-            interactive=request.stdin is not None,
-        )
-
-    async def exec(
-        self, request: ExecRequest, facts: RunFacts
-    ) -> tuple[ExecResult, BaseException | None]:
-        await self.revive()  # a supervisor stopped while nobody waited: replaced before this
+    async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
         if self.client is None or self.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
-        if self.supervisor is not None:
-            return await self._exec_supervised(request, facts)
-        facts.via = "engine"
-        started = time.monotonic()
-        out, err = captures(request)
-        run = DockerRun(self, request, out, err)
-        self.active.add(request.run_id)  # visible to a recycle from now on (no await before)
+        if launch.via == "supervisor":
+            return await self._start_supervised(launch, stdio)
+        run = DockerRun(self, launch, stdio.stdout, stdio.stderr)
+        self.active.add(launch.request.run_id)  # visible to a recycle from now on
         try:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await run.start()
-                except BackendError as exc:
-                    return sandbox_error_result(facts, out, err, started, exc), None
-            sup = await supervise_request(run, request, started)
-            result = build_result(facts, sup, out, err)
-            with anyio.CancelScope(shield=True):
-                result = await run.classify(result)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(run.close)
-            out.close()
-            err.close()
-        return result, sup.cancel_exc
+            await run.start()
+        except BackendError as exc:
+            await anyio.to_thread.run_sync(run.close)
+            raise NotStarted("sandbox_error", str(exc)) from None
+        except BaseException:
+            await anyio.to_thread.run_sync(run.close)
+            raise
+        return run
 
-    async def _exec_supervised(
-        self, request: ExecRequest, facts: RunFacts
-    ) -> tuple[ExecResult, BaseException | None]:
-        """Run through the supervisor in the container (``backends/supervised``); OOM kills
-        and the container's death are read from the host, as is what of the run is left."""
-        supervisor = self.supervisor
-        assert supervisor is not None
-        facts.via = "supervisor"
+    async def _start_supervised(self, launch: Launch, stdio: Stdio) -> SupervisedRun:
+        """Through the supervisor in the container (``backends/supervised``); OOM kills and
+        the container's death are read from the host (``finalize``), as is what of the run
+        is left (``_verify``)."""
+        supervisor, run_id = self.supervisor, launch.request.run_id
+        if supervisor is None or supervisor.dead or self.dying():
+            self.recycle_needed = True
+            why = "the sandbox container is not running (it will be recreated)"
+            raise NotStarted("sandbox_error", why)
+        oom_before = proctree.read_oom(self.oom_file) if self.oom_file else None
+        self.active.add(run_id)
+        try:
+            run = await start_supervised(supervisor, launch, stdio, SPAWN_EXTRA, self._verify)
+        except BaseException:
+            self.active.discard(run_id)
+            raise
+        self._oom_before[run_id] = oom_before
+        return run
+
+    async def _verify(self, run_id: str) -> int:
+        if not self._leftovers(run_id, kill=False):  # one cgroup read: no thread needed
+            return 0
+        return await anyio.to_thread.run_sync(self._leftovers, run_id)
+
+    async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
+        if isinstance(handle, DockerRun):
+            try:
+                return await handle.verdict(sup)
+            finally:
+                await anyio.to_thread.run_sync(handle.close)
+        assert isinstance(handle, SupervisedRun)
+        handle.close()
+        try:
+            return self._supervised_verdict(handle, sup)
+        finally:
+            self.active.discard(handle.run_id)
+
+    def _supervised_verdict(self, handle: SupervisedRun, sup: Supervision) -> Verdict:
+        oom_before = self._oom_before.pop(handle.run_id, None)
+        supervisor = handle.client
+        status, _, sig = results.outcome(sup)
+        if status == "completed" and not supervisor.dead:
+            return Verdict()  # exited 0 and everything of it gone: nothing more to ask
         if supervisor.dead or self.dying():
             self.recycle_needed = True
-            error = BackendError("the sandbox container is not running (it will be recreated)")
-            out, err = captures(request)
-            try:
-                return sandbox_error_result(facts, out, err, time.monotonic(), error), None
-            finally:
-                out.close()
-                err.close()
-        message = {
-            "argv": self.command(request),
-            "env": self.env(request),
-            "cwd": self.workdir(request),
-            "inherit": True,  # the image's environment under it, as ``docker exec`` gives
-            "oom_score_adj": 1000,  # the OOM killer takes a command, not the supervisor
-        }
-        oom: list[int | None] = []
-
-        def before() -> None:
-            oom.append(proctree.read_oom(self.oom_file) if self.oom_file else None)
-
-        async def verify(run_id: str) -> int:
-            if not self._leftovers(run_id, kill=False):  # one cgroup read: no thread needed
-                return 0
-            return await anyio.to_thread.run_sync(self._leftovers, run_id)
-
-        async def classify(result: ExecResult) -> ExecResult:
-            if result.status == "completed" and not supervisor.dead:
-                return result  # exited 0 and everything of it gone: nothing more to ask
-            if supervisor.dead or self.dying():
-                self.recycle_needed = True
-                why = supervisor.dead or "its supervisor is gone"
-                return result.model_copy(
-                    update={
-                        "status": "sandbox_error",
-                        "error": "the sandbox container stopped or was removed during the "
-                        f"exec ({why}); the next command gets a fresh container",
-                    }
-                )
-            after = proctree.read_oom(self.oom_file) if self.oom_file else None
-            killed = result.status == "failed" and result.signal == "SIGKILL"
-            if killed and None not in (*oom, after) and oom != [after]:
-                return result.model_copy(update={"status": "oom_killed"})
-            return result
-
-        self.active.add(request.run_id)
-        try:
-            return await supervised_exec(
-                supervisor, request, facts, message, Checks(verify, classify, before)
+            why = supervisor.dead or "its supervisor is gone"
+            error = (
+                f"the sandbox container stopped or was removed during the exec ({why}); "
+                "the next command gets a fresh container"
             )
-        finally:
-            self.active.discard(request.run_id)
+            return Verdict(status="sandbox_error", error=error)
+        after = proctree.read_oom(self.oom_file) if self.oom_file else None
+        killed = status == "failed" and sig == "SIGKILL"
+        if killed and None not in (oom_before, after) and oom_before != after:
+            return Verdict(status="oom_killed")
+        return Verdict()
 
     def _leftovers(self, run_id: str, kill: bool = True) -> int:
         """What of a run the supervisor said was over is still alive, seen from the host

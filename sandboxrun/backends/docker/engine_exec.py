@@ -17,11 +17,13 @@ from sandboxrun.backends.docker import api as dockerapi
 from sandboxrun.backends.docker import config as cfg
 from sandboxrun.backends.docker.cgroup import RunCgroup, is_stub, stub_argv
 from sandboxrun.backends.docker.demux import FrameDecoder, FrameError
+from sandboxrun.engine import results
 from sandboxrun.engine.capture.stream import StreamCapture
-from sandboxrun.engine.request import ExecRequest, StdinStream
-from sandboxrun.engine.supervise import KILL_BUDGET_S, Termination
+from sandboxrun.engine.launch import Launch
+from sandboxrun.engine.request import StdinStream
+from sandboxrun.engine.results import Verdict
+from sandboxrun.engine.supervise import KILL_BUDGET_S, Supervision, Termination
 from sandboxrun.errors import BackendError
-from sandboxrun.models import ExecResult
 from sandboxrun.supervisor import procfs as proctree
 
 if TYPE_CHECKING:
@@ -66,10 +68,11 @@ def wait_status_from_exit_code(code: int | None) -> int | None:
 
 class DockerRun:
     def __init__(
-        self, backend: DockerBackend, request: ExecRequest, out: StreamCapture, err: StreamCapture
+        self, backend: DockerBackend, launch: Launch, out: StreamCapture, err: StreamCapture
     ) -> None:
         self.backend = backend
-        self.request = request
+        self.launch = launch
+        self.request = request = launch.request
         self.captures = {"stdout": out, "stderr": err}
         self.decoder = FrameDecoder(lambda name, data: self.captures[name].feed(data))
         self.exec_id = ""
@@ -108,7 +111,7 @@ class DockerRun:
         if backend.dying():
             backend.recycle_needed = True
             raise BackendError("the sandbox container is not running (it will be recreated)")
-        command = backend.command(request)
+        command = self.launch.argv
         if self.cgroup is not None:
             try:
                 self.cgroup.create()
@@ -122,8 +125,8 @@ class DockerRun:
                 backend.container_id,
                 command,
                 stdin=request.stdin is not None,
-                environment=backend.env(request),
-                workdir=backend.workdir(request),
+                environment=dict(self.launch.env),
+                workdir=self.launch.cwd,
                 user=backend.user,
             ),
             what="exec create",
@@ -419,16 +422,17 @@ class DockerRun:
             return False
 
     # -- result -----------------------------------------------------------------------------
-    async def classify(self, result: ExecResult) -> ExecResult:
+    async def verdict(self, sup: Supervision) -> Verdict:
         """Container death and OOM are facts of the container, not of the exec's exit code
         (asked only when the exec did not end by a plain exit)."""
         backend = self.backend
+        status, exit_code, sig = results.outcome(sup)
         init_dead = backend.dying()
-        plain = result.exit_code is not None and result.signal is None and not self.stream_error
+        plain = exit_code is not None and sig is None and not self.stream_error
         if plain and not init_dead and not self.had_leftovers:
-            return result
+            return Verdict()
         state = await anyio.to_thread.run_sync(self._state_or_empty)
-        unsent_signal = result.status == "failed" and result.signal is not None
+        unsent_signal = status == "failed" and sig is not None
         if (unsent_signal or self.had_leftovers) and state.get("Running"):
             # A signal sandboxrun did not send, or leftovers that had to be killed, may mean the
             # container is dying (``kill 1``): the engine and the init take a moment to show it.
@@ -438,23 +442,22 @@ class DockerRun:
                     init_dead = backend.dying()
                     if not backend.init_pid:
                         state = await anyio.to_thread.run_sync(self._state_or_empty)
-        update: dict[str, Any] = {}
         oom_after = proctree.oom_kills(backend.init_pid) if backend.init_pid else None
         exec_oom = None not in (self.oom_before, oom_after) and oom_after != self.oom_before
         if init_dead or not state.get("Running"):
-            update = {
-                "status": "sandbox_error",
-                "error": "the sandbox container stopped or was removed during the exec "
-                f"(state: {state.get('Status', 'gone')})",
-            }
             backend.recycle_needed = True
-        elif result.signal == "SIGKILL" and (exec_oom or state.get("OOMKilled")):
-            update = {"status": "oom_killed"}
-        elif self.stream_error and result.status == "completed":
-            update = {"status": "sandbox_error", "error": self.stream_error}
-        elif self.exit_info is not None and self.exit_info.get("ExitCode") is None:
-            update = {"status": "sandbox_error", "error": "the engine lost the exec's exit code"}
-        return result.model_copy(update=update) if update else result
+            error = (
+                "the sandbox container stopped or was removed during the exec "
+                f"(state: {state.get('Status', 'gone')})"
+            )
+            return Verdict(status="sandbox_error", error=error)
+        if sig == "SIGKILL" and (exec_oom or state.get("OOMKilled")):
+            return Verdict(status="oom_killed")
+        if self.stream_error and status == "completed":
+            return Verdict(status="sandbox_error", error=self.stream_error)
+        if self.exit_info is not None and self.exit_info.get("ExitCode") is None:
+            return Verdict(status="sandbox_error", error="the engine lost the exec's exit code")
+        return Verdict()
 
     def _state_or_empty(self) -> dict[str, Any]:
         try:

@@ -18,11 +18,13 @@ import anyio
 from sandboxrun.backends.base import Probe
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.local.isolation import LocalPlan, plan_for, probe_host
-from sandboxrun.backends.supervised import ANSWER_MARGIN_S, supervised_exec
+from sandboxrun.backends.supervised import ANSWER_MARGIN_S, SupervisedRun, start_supervised
 from sandboxrun.engine import argv
+from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.request import ExecRequest
-from sandboxrun.engine.supervise import KILL_BUDGET_S, RunFacts
-from sandboxrun.models import BackendName, ExecResult, Policy
+from sandboxrun.engine.results import Verdict
+from sandboxrun.engine.supervise import KILL_BUDGET_S, RunHandle, Supervision
+from sandboxrun.models import BackendName, Policy
 from sandboxrun.supervisor.procfs import MARKER_VAR
 
 ISOLATION = ("own-session", "descendant-sweep")
@@ -90,9 +92,10 @@ class ProcessGroupBackend:
         await self._client.start()
         self._layers = self._client.layers_in_force()
 
-    async def close(self) -> None:
+    async def close(self) -> list[str]:
         # Closing terminates what still runs: give it the grace and the kill budget.
         await self._client.close(self._grace_s + KILL_BUDGET_S + ANSWER_MARGIN_S + 10.0)
+        return []
 
     async def revive(self) -> None:
         """Replace a runner that was declared dead (it exited, was stopped, or stopped
@@ -112,26 +115,24 @@ class ProcessGroupBackend:
                 self._client = fresh
                 self._layers = fresh.layers_in_force()
 
-    def isolation(self, request: ExecRequest) -> list[str]:
-        return [*ISOLATION, *self._layers]
+    def plan(self, request: ExecRequest) -> Launch:
+        """Any bytes can be carried (argv, env and cwd are passed as bytes): nothing to refuse;
+        the argv shown is the command's own (no wrapper runs around it)."""
+        command = local_command(request)
+        return Launch(
+            request=request,
+            argv=command,
+            env=local_env(request, self._plan),
+            cwd=str(request.workdir),
+            isolation=[*ISOLATION, *self._layers],
+            via="supervisor",
+            shown=command,
+        )
 
-    def command(self, request: ExecRequest) -> list[str]:
-        return local_command(request)
+    async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
+        return await start_supervised(self._client, launch, stdio)
 
-    def describe(self, request: ExecRequest) -> list[str]:
-        return self.command(request)
-
-    def check_request(self, request: ExecRequest) -> None:
-        """Any bytes can be carried (argv, env and cwd are passed as bytes): nothing to refuse."""
-
-    async def exec(
-        self, request: ExecRequest, facts: RunFacts
-    ) -> tuple[ExecResult, BaseException | None]:
-        await self.revive()
-        facts.via = "supervisor"
-        message = {
-            "argv": self.command(request),
-            "env": local_env(request, self._plan),
-            "cwd": str(request.workdir),
-        }
-        return await supervised_exec(self._client, request, facts, message)
+    async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
+        assert isinstance(handle, SupervisedRun)
+        handle.close()
+        return Verdict()

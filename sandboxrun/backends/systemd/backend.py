@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import anyio
@@ -23,31 +23,21 @@ import psutil
 from sandboxrun import supervisor
 from sandboxrun.backends.base import Probe, log
 from sandboxrun.backends.client import RunnerClient
-from sandboxrun.backends.local.isolation import LocalPlan, ns_differs, plan_for, probe_host
+from sandboxrun.backends.local.isolation import ns_differs, plan_for, probe_host
 from sandboxrun.backends.local.pgroup import local_command, local_env
-from sandboxrun.backends.supervised import spawn_exit_code
 from sandboxrun.backends.systemd import config as cfg
 from sandboxrun.backends.systemd.scope import ScopeRun, read_text
-from sandboxrun.engine.capture.pipes import FdPump, output_pipe
+from sandboxrun.engine import results
+from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.request import ExecRequest
-from sandboxrun.engine.supervise import (
-    KILL_BUDGET_S,
-    RunFacts,
-    Termination,
-    build_result,
-    captures,
-    finish_result,
-    sandbox_error_result,
-    supervise_request,
-)
+from sandboxrun.engine.results import NotStarted, Verdict, spawn_exit_code
+from sandboxrun.engine.supervise import KILL_BUDGET_S, RunHandle, Supervision
 from sandboxrun.errors import BackendError
 from sandboxrun.models import (
     LIMIT_GUARANTEES,
     BackendName,
-    ExecResult,
     Limits,
     Policy,
-    Status,
     limit_guarantees,
 )
 from sandboxrun.supervisor.runner import clip
@@ -250,6 +240,8 @@ class SystemdScopeBackend:
         """Replace a namespace holder that is gone or was declared dead (it ended itself: a
         command changed its limits; killed by the kernel) with a fresh one: the next run joins
         new namespaces (what lived in the old ones died with their PID 1)."""
+        if self._tools is None:
+            await self.open()
         holder = self._holder
         if holder is None:
             return
@@ -302,7 +294,7 @@ class SystemdScopeBackend:
                     exc,
                 )
 
-    async def close(self) -> None:
+    async def close(self) -> list[str]:
         """Every exec empties its scope before it returns; a scope that could not be emptied
         is still registered, and the watchdog stops it when its stdin closes here."""
         if self._holder_pidfd is not None:
@@ -314,7 +306,7 @@ class SystemdScopeBackend:
                 await holder.close()
         watchdog, self.watchdog = self.watchdog, None
         if watchdog is None:
-            return
+            return []
         if watchdog.stdin is not None:
             with suppress(OSError):
                 watchdog.stdin.close()
@@ -324,8 +316,9 @@ class SystemdScopeBackend:
             except subprocess.TimeoutExpired:
                 watchdog.kill()
                 await anyio.to_thread.run_sync(watchdog.wait)
+        return []
 
-    def isolation(self, request: ExecRequest) -> list[str]:
+    def _isolation(self, request: ExecRequest) -> list[str]:
         """The scope's guarantees and the requested limits, minus those the trial scope at
         ``open`` showed not applied (each run checks its own scope again)."""
         applied = self.applied_limits
@@ -336,11 +329,20 @@ class SystemdScopeBackend:
             *self._layers,
         ]
 
-    def command(self, request: ExecRequest) -> list[str]:
-        return local_command(request)
-
-    def check_request(self, request: ExecRequest) -> None:
-        """Any bytes can be carried (argv, env and cwd are passed as bytes): nothing to refuse."""
+    def plan(self, request: ExecRequest) -> Launch:
+        """Any bytes can be carried (argv, env and cwd are passed as bytes): nothing to refuse.
+        The launcher in between applies env and cwd; ``shown`` is systemd-run's argv around
+        the command."""
+        command = local_command(request)
+        return Launch(
+            request=request,
+            argv=command,
+            env=local_env(request, self._plan),
+            cwd=str(request.workdir),
+            isolation=self._isolation(request),
+            via="scope",
+            shown=self._systemd_run_argv(request, command),
+        )
 
     def _systemd_run_argv(self, request: ExecRequest, inner: list[str]) -> list[str]:
         run = self._tools[0] if self._tools else "systemd-run"
@@ -356,117 +358,87 @@ class SystemdScopeBackend:
         mirrors = self._plan is not None and self._plan.namespaces
         return cfg.KEEPER_TASKS + (1 if mirrors else 0)
 
-    def describe(self, request: ExecRequest) -> list[str]:
-        """systemd-run's argv around the command (a launcher in between applies env and cwd)."""
-        return self._systemd_run_argv(request, self.command(request))
-
-    async def exec(
-        self, request: ExecRequest, facts: RunFacts
-    ) -> tuple[ExecResult, BaseException | None]:
-        if self._tools is None:
-            await self.open()
-        assert self._tools is not None
-        await self.revive()
-        facts.via = "scope"
-        started = time.monotonic()
-        out, err = captures(request)
-        fds: list[int] = []
-        run: ScopeRun | None = None
-        try:
-            out_r, out_w = output_pipe()
-            err_r, err_w = output_pipe()
-            fds += [out_r, out_w, err_r, err_w]
-            if request.stdin is None:
-                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
-                fds.append(in_r)
-            else:
-                in_r, in_w = os.pipe2(os.O_CLOEXEC)
-                fds += [in_r, in_w]
-                os.set_blocking(in_w, False)
+    async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
+        """systemd-run starts a scope whose launcher joins the sandbox, applies env and cwd and
+        exec's the command; the run begins once the launcher said so on its status pipe."""
+        assert self._tools is not None  # revive() opened it
+        request = launch.request
+        pipes = stdio.pipes()
+        unit = cfg.unit_name(request.run_id)
+        with ExitStack() as always, ExitStack() as on_fail:
             status_r, status_w = os.pipe2(os.O_CLOEXEC)
-            fds += [status_r, status_w]
+            on_fail.callback(os.close, status_r)
+            always.callback(os.close, status_w)
             os.set_blocking(status_r, False)
             hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
-            fds += [hold_r, hold_w]
-            spec_fd = _spec_memfd(request, self._plan)
-            fds.append(spec_fd)
+            always.callback(os.close, hold_r)
+            on_fail.callback(os.close, hold_w)
+            spec_fd = _spec_memfd(launch)
+            always.callback(os.close, spec_fd)
             plan_fds = self.plan_fds()
-            fds += plan_fds
-            child_fds = (spec_fd, status_w, in_r, out_w, err_w, hold_r, *plan_fds)
+            for fd in plan_fds:
+                always.callback(os.close, fd)
+            child_fds = (spec_fd, status_w, *pipes.child, hold_r, *plan_fds)
             inner = [sys.executable, "-I", "-S", "-B", LAUNCHER, *map(str, child_fds)]
             argv = self._systemd_run_argv(request, inner)
-            unit = cfg.unit_name(request.run_id)
             self._watch(f"+{unit}")
-            with anyio.CancelScope(shield=True):
-                try:
-                    proc = subprocess.Popen(  # noqa: ASYNC220 (vfork+exec: no wait)
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=status_w,
-                        stderr=status_w,
-                        pass_fds=child_fds,
-                        start_new_session=True,
-                        env=manager_env(self.mode),
-                    )
-                except OSError as exc:
-                    return sandbox_error_result(facts, out, err, started, exc), None
-                for fd in child_fds:
-                    fds.remove(fd)
-                    os.close(fd)
-                fds.remove(status_r)
-                fds.remove(hold_w)
-                stdin = None if request.stdin is None else (in_w, request.stdin)
-                pump = FdPump([(out_r, out), (err_r, err)], stdin)
-                if request.stdin is not None:
-                    fds.remove(in_w)  # the pump owns it now
-                run = ScopeRun(
-                    proc,
-                    cfg.unit_name(request.run_id),
-                    self.mode,
-                    self._tools[1],
-                    manager_env(self.mode),
-                    pump,
-                    status_r,
-                    hold_w,
+            on_fail.callback(self._watch, f"-{unit}")
+            try:
+                proc = subprocess.Popen(  # noqa: ASYNC220 (vfork+exec: no wait)
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=status_w,
+                    stderr=status_w,
+                    pass_fds=child_fds,
+                    start_new_session=True,
+                    env=manager_env(self.mode),
                 )
-                early = await self._launch(run, request, facts)
-            assert run is not None
-            if early is not None:
-                status, code, why, survivors = early
-                result = finish_result(
-                    facts,
-                    status=status,
-                    exit_code=code,
-                    stdout=out,
-                    stderr=err,
-                    duration_s=time.monotonic() - started,
-                    termination=Termination(survivors=survivors),
-                    error=why,
-                )
-                return result, None
-            sup = await supervise_request(run, request, started)
-            cpu, rss = run.accounting_figures()
-            sup.termination.cpu_s, sup.termination.peak_rss_bytes = cpu, rss
-            result = build_result(facts, sup, out, err)
-            if result.status == "failed" and run.oom_killed(result.signal, run.sent_kill):
-                result = result.model_copy(update={"status": "oom_killed"})
-            return result, sup.cancel_exc
-        finally:
-            if run is None or run.emptied:
-                self._watch(f"-{cfg.unit_name(request.run_id)}")  # else the watchdog stops it
-            if run is not None:
-                run.close()
-            for fd in fds:
-                with suppress(OSError):
-                    os.close(fd)
-            out.close()
-            err.close()
+            except OSError as exc:
+                raise NotStarted("sandbox_error", str(exc)) from None
+            stdio.sent()
+            on_fail.pop_all()  # the run owns the status and hold ends, and the unit, now
+        run = ScopeRun(
+            proc,
+            unit,
+            self.mode,
+            self._tools[1],
+            manager_env(self.mode),
+            pipes.pump,
+            status_r,
+            hold_w,
+        )
+        try:
+            run.lost = await self._launch(run, launch)
+        except BaseException:
+            self._release(run)
+            raise
+        return run
 
-    async def _launch(
-        self, run: ScopeRun, request: ExecRequest, facts: RunFacts
-    ) -> tuple[Status, int | None, str, int] | None:
-        """Wait until the launcher exec'd the command inside the scope. None when it runs;
-        else ``(status, exit_code, error, survivors)`` of a run that ended before it began."""
+    async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
+        """The scope's own accounting (its cgroup counts orphans too), an OOM kill in it, and
+        the limits it turned out not to apply."""
+        assert isinstance(handle, ScopeRun)
+        try:
+            status, _, sig = results.outcome(sup)
+            oom = status == "failed" and handle.oom_killed(sig, handle.sent_kill)
+            return Verdict(
+                status="oom_killed" if oom else None,
+                usage=handle.accounting_figures(),
+                lost=tuple(handle.lost),
+            )
+        finally:
+            self._release(handle)
+
+    def _release(self, run: ScopeRun) -> None:
+        if run.emptied:
+            self._watch(f"-{run.unit}")  # else the watchdog stops it
+        run.close()
+
+    async def _launch(self, run: ScopeRun, launch: Launch) -> list[str]:
+        """Wait until the launcher exec'd the command inside the scope; return the limits its
+        cgroup does not show (``_check_limits``). ``NotStarted`` for a run that ended before
+        it began (or, under ``strict``, whose scope lost a limit it claimed)."""
+        request = launch.request
         report = await run.read_status(SPAWN_TIMEOUT_S)
         if report is not None:
             run.set_keeper(report.keeper)
@@ -475,13 +447,14 @@ class SystemdScopeBackend:
                     run.paths = cfg.cgroup_paths(report.cgroup, run.unit, pure_v2=_pure_v2())
                     run.accounting.slice_oom_before = run.slice_oom_kills()
         if report is not None and report.launched and report.spawn_error is None:
-            lost = self._check_limits(run, request, facts)
-            if not (lost and request.policy.strict):
-                return None
+            unapplied = self._check_limits(run, request)
+            claimed = [n for n in unapplied if n in launch.isolation]
+            if not (claimed and request.policy.strict):
+                return unapplied
             survivors = (await run.terminate(0.0)).survivors
             await run.wait_exit()
-            why = f"strict: this run's scope did not apply {', '.join(lost)}; it was killed"
-            return "sandbox_error", None, why, survivors
+            why = f"strict: this run's scope did not apply {', '.join(claimed)}; it was killed"
+            raise NotStarted("sandbox_error", why, survivors=survivors, lost=unapplied)
         survivors = (await run.terminate(0.0)).survivors
         status = await run.wait_exit()
         code = None if status is None else os.waitstatus_to_exitcode(status)
@@ -489,31 +462,28 @@ class SystemdScopeBackend:
             errno_value = report.spawn_error.get("errno")
             exit_code = spawn_exit_code(errno_value if isinstance(errno_value, int) else 0)
             error = clip(str(report.spawn_error.get("error")), 4000)  # the launcher's is shorter
-            return "spawn_error", exit_code, error, survivors
+            raise NotStarted("spawn_error", error, exit_code=exit_code, survivors=survivors)
         if report is None:
             why = f"systemd-run did not start the scope within {SPAWN_TIMEOUT_S:g} s"
         else:
             said = report.messages or "no message"
             why = f"systemd-run could not start the scope (exit code {code}): {said}"
-        return "sandbox_error", None, why, survivors
+        raise NotStarted("sandbox_error", why, survivors=survivors)
 
-    def _check_limits(self, run: ScopeRun, request: ExecRequest, facts: RunFacts) -> list[str]:
-        """Keep in ``isolation`` only the limits the scope's cgroup really shows; return those
-        that were claimed but are not there."""
+    def _check_limits(self, run: ScopeRun, request: ExecRequest) -> list[str]:
+        """The limits asked for that the scope's cgroup does not really show (they move from
+        the result's ``isolation`` to its ``missing_guarantees``)."""
         wanted = limit_guarantees(request.limits)
-        lost: list[str] = []
         if not wanted:
-            return lost
+            return []
         files = cfg.limit_files(run.paths) if run.paths is not None else {}
-        for name in wanted:
-            shown = read_text(files.get(name))
-            if not cfg.limit_applied(name, shown, request.limits, PAGE, self._our_tasks()):
-                if name in facts.isolation:
-                    lost.append(name)
-                facts.isolation = [g for g in facts.isolation if g != name]
-                if name not in facts.missing:
-                    facts.missing = [*facts.missing, name]
-        return lost
+        return [
+            name
+            for name in wanted
+            if not cfg.limit_applied(
+                name, read_text(files.get(name)), request.limits, PAGE, self._our_tasks()
+            )
+        ]
 
 
 def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
@@ -559,10 +529,9 @@ def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
     return applied
 
 
-def _spec_memfd(request: ExecRequest, plan: LocalPlan | None = None) -> int:
+def _spec_memfd(launch: Launch) -> int:
     """The command's argv, environment and working directory in a private memfd."""
-    env = local_env(request, plan)
-    data = cfg.encode_spec(local_command(request), env, str(request.workdir))
+    data = cfg.encode_spec(launch.argv, dict(launch.env), launch.cwd)
     return _memfd("sandboxrun-spec", data)
 
 

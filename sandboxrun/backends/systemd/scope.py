@@ -108,6 +108,8 @@ class ScopeRun:
         self.accounting = Accounting()
         self._termination: Termination | None = None
         self.sent_kill = False
+        self.lost: list[str] = []
+        """The limits this scope turned out not to apply (``SystemdScopeBackend._launch``)."""
 
     async def read_status(self, timeout_s: float) -> StatusReport | None:
         """Read the status pipe to EOF (the launcher exec'd, failed, or systemd-run gave up);
