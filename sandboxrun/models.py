@@ -18,7 +18,8 @@ from sandboxrun.errors import ExecError
 Status = Literal[
     "completed", "failed", "timed_out", "cancelled", "spawn_error", "sandbox_error", "oom_killed"
 ]
-BackendName = Literal["docker", "systemd-scope", "process-group"]
+BackendName = Literal["docker", "systemd-scope", "process-group", "fake"]
+"""``fake``: ``sandboxrun.testing.FakeBackend``, which runs nothing (for tests)."""
 Access = Literal["read-only", "workspace-write", "danger-full-access"]
 Network = Literal["none", "on"]
 TimeoutKind = Literal["wall", "idle"]

@@ -86,7 +86,7 @@ class Sandbox:
         self,
         workspace: str | os.PathLike[str] = ".",
         *,
-        backend: str = "auto",
+        backend: str | backends.Backend = "auto",
         policy: Policy | None = None,
         limits: Limits | None = None,
         env: Mapping[str, str] | None = None,
@@ -151,7 +151,7 @@ class Sandbox:
         """This sandbox's spill directory while open (None: spilling straight to the root)."""
         self._spill_owned = True
         """False for an escalation's re-run sandbox: it spills into its parent's directory."""
-        if backend != "auto":
+        if isinstance(backend, str) and backend != "auto":
             backends.check_name(backend)
 
     @property
@@ -199,8 +199,13 @@ class Sandbox:
         )
 
     def choose_backend(self) -> tuple[backends.Backend, str | None]:
-        """Probe and create (not open) the backend; refuse docker-only options elsewhere."""
-        backend, reason = backends.select(self._requested, self.context())
+        """Probe and create (not open) the backend; refuse docker-only options elsewhere. A
+        backend given as an object (``sandboxrun.testing.FakeBackend``) is used as it is."""
+        requested = self._requested
+        if isinstance(requested, str):
+            backend, reason = backends.select(requested, self.context())
+        else:
+            backend, reason = requested, None
         if (self.image is not None or self.user is not None) and backend.name != "docker":
             why = f" ({reason})" if reason else ""
             raise ConfigError(

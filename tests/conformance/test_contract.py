@@ -1,26 +1,75 @@
 """The result contract, the same assertions on every backend: statuses, exit codes, signals,
-environment, working-directory mapping, stdin, output accounting and spill, survivors."""
+environment, working-directory mapping, stdin, output accounting and spill, survivors.
+
+``sandboxrun.testing.FakeBackend`` passes it too, scripted by ``scripted`` below (what each of
+these commands does, computed from the plan it is given: its env, cwd, stdin and the files):
+the engine assembles its results exactly as it does the real backends'."""
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 from pathlib import Path
 
 import pytest
 from conformance_helpers import assert_container_clean, assert_scope_gone
-from helpers import assert_nothing_left
+from helpers import assert_nothing_left, require_backend
 
 from sandboxrun import Limits, Sandbox
+from sandboxrun.engine.launch import Launch
 from sandboxrun.models import ExecResult
+from sandboxrun.testing import FakeBackend, Reply
 
 pytestmark = pytest.mark.anyio
 
 FAST = Limits(grace_s=0.5, drain_s=0.5)
+LINES = "i=0; while [ $i -lt 20000 ]; do printf 'line %06d\\n' $i; i=$((i+1)); done"
+ENV_LINE = 'echo "given=$GIVEN passed=$SBR_TEST_PASSED secret=${SBR_TEST_SECRET-unset}"'
+
+
+@pytest.fixture(params=["process-group", "docker", "systemd-scope", "fake"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every backend, and the fake."""
+    return "fake" if request.param == "fake" else require_backend(str(request.param))
+
+
+def scripted(launch: Launch) -> Reply:
+    """What the commands of this module do, for ``FakeBackend``: read from the plan."""
+    request, env, cwd = launch.request, launch.env, Path(launch.cwd)
+    script = request.script
+    if script is not None and script.startswith("echo out; echo err >&2; exit "):
+        return Reply("out\n", "err\n", exit_code=int(script.rsplit(" ", 1)[1]))
+    if script == ENV_LINE:
+        secret = env.get("SBR_TEST_SECRET", "unset")
+        return Reply(f"given={env['GIVEN']} passed={env['SBR_TEST_PASSED']} secret={secret}\n")
+    if script == "pwd; cat ../../hello.txt":
+        return Reply(f"{cwd}\n{(cwd / '../../hello.txt').read_text()}")
+    if script == "echo made > sub/new.txt":
+        (cwd / "sub" / "new.txt").write_text("made\n")
+        return Reply()
+    if script == LINES:
+        return Reply("".join(f"line {i:06d}\n" for i in range(20000)))
+    if script == "echo partial; sleep 30":
+        return Reply("partial\n", duration_s=30)
+    argv = launch.argv
+    if argv == ["sh", "-c", "kill -TERM $$"]:
+        return Reply(signal=signal.SIGTERM)
+    if argv == ["sh", "-c", "wc -c; :"]:
+        return Reply(f"{len(request.stdin or b'')}\n")  # type: ignore[arg-type]
+    if argv == ["true"]:
+        return Reply()
+    path = cwd / argv[0]
+    if "/" in argv[0] and path.exists() and not os.access(path, os.X_OK):
+        return Reply(spawn_errno=errno.EACCES)
+    return Reply(spawn_errno=errno.ENOENT)
 
 
 async def run(
     workspace: Path, backend: str, *argv: str, limits: Limits = FAST, **kwargs: object
 ) -> ExecResult:
-    async with Sandbox(workspace, backend=backend, limits=limits, keep_spill=True) as sb:
+    chosen = FakeBackend(scripted) if backend == "fake" else backend
+    async with Sandbox(workspace, backend=chosen, limits=limits, keep_spill=True) as sb:
         result = await sb.exec(list(argv) if argv else None, **kwargs)  # type: ignore[arg-type]
         await assert_container_clean(sb)
     assert result.backend == backend
@@ -78,7 +127,7 @@ async def test_environment_is_built_not_inherited(
     result = await run(
         workspace,
         backend,
-        shell='echo "given=$GIVEN passed=$SBR_TEST_PASSED secret=${SBR_TEST_SECRET-unset}"',
+        shell=ENV_LINE,
         env={"GIVEN": "a b $c"},
         pass_env=["SBR_TEST_PASSED"],
     )
@@ -111,7 +160,7 @@ async def test_output_accounting_and_spill_are_exact(
     result = await run(
         workspace,
         backend,
-        shell="i=0; while [ $i -lt 20000 ]; do printf 'line %06d\\n' $i; i=$((i+1)); done",
+        shell=LINES,
         limits=limits,
     )
     assert result.status == "completed"
