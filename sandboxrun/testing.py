@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import anyio
 
 from sandboxrun.api.login import SCRIPT
+from sandboxrun.backends.base import SandboxView
 from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.engine.results import NotStarted, Verdict, spawn_exit_code
@@ -162,6 +163,10 @@ class FakeBackend:
 
     async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
         return Verdict()
+
+    def view(self) -> SandboxView:
+        """The files API sees the host, as over an unconfined local sandbox."""
+        return SandboxView(home=None, supervisor=None)
 
     async def close(self) -> list[str]:
         self.closed = True

@@ -62,7 +62,6 @@ from sandboxrun.api.files_paths import (
     too_many,
     write_fd,
 )
-from sandboxrun.backends.local.isolation import SANDBOX_HOME
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.errors import (
     BackendError,
@@ -75,7 +74,7 @@ from sandboxrun.errors import (
 from sandboxrun.supervisor.runner import MAX_HOPS, open_beneath
 
 if TYPE_CHECKING:
-    from sandboxrun.backends.base import Backend
+    from sandboxrun.backends.base import Backend, ContainerAccess
     from sandboxrun.backends.client import RunnerClient
     from sandboxrun.engine.paths import Workspace
     from sandboxrun.models import Policy
@@ -108,38 +107,28 @@ class SandboxFiles:
         self.backend = backend
         self.workspace = workspace
         self.policy = policy
-        self.docker = backend.name == "docker"
+        self.view = view = backend.view()
+        self.docker = view.container is not None
         self.root = str(CONTAINER_ROOT) if self.docker else str(workspace.root)
         """The workspace in the sandbox's view."""
-        self.plan = getattr(backend, "_plan", None)
-        if home is None:
-            if self.docker:
-                from sandboxrun.backends.docker import config as docker_config
-
-                home = docker_config.HOME
-            elif self.plan is not None and self.plan.namespaces:
-                home = SANDBOX_HOME
-            else:
-                home = host_home or "/"
-        self.home = home
+        self.plan = view.host_plan
+        self.home = home or view.home or host_home or "/"
         """The sandbox's ``HOME`` (``~``): the one it was given, else its backend's default."""
-        self.supervisor: RunnerClient | None = self._supervisor()
+        self.supervisor: RunnerClient | None = view.supervisor
 
-    def _supervisor(self) -> RunnerClient | None:
-        name = self.backend.name
-        if name == "docker":
-            return getattr(self.backend, "supervisor", None)
-        if name == "process-group":
-            return getattr(self.backend, "_client", None)
-        if name == "systemd-scope":
-            return getattr(self.backend, "_holder", None)  # None: no namespaces, host's view
-        return None
+    @property
+    def container(self) -> ContainerAccess:
+        access = self.view.container
+        if access is None or not access.container_id:
+            raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
+        return access
 
     @property
     def archive(self) -> bool:
         """Docker without a supervisor and without local access to the container: through the
         engine's archive API."""
-        return self.docker and self.supervisor is None and not getattr(self.backend, "local", 0)
+        access = self.view.container
+        return access is not None and self.supervisor is None and not access.local
 
     def target(self, path: str | os.PathLike[str]) -> Target:
         return resolve(path, root=self.root, home=self.home)
@@ -222,10 +211,9 @@ class SandboxFiles:
     async def _revive(self) -> None:
         """The supervisor was declared dead: the backend replaces it (a fresh runner or
         container, as the next exec would get) and this call uses the new one."""
-        revive = getattr(self.backend, "revive", None)
-        if revive is not None:
-            await revive()
-            self.supervisor = self._supervisor()
+        await self.backend.revive()
+        self.view = self.backend.view()
+        self.supervisor = self.view.supervisor
 
     def _open_here(self, target: Target, flags: int, mode: int) -> int:
         """Open ``target`` from this host without a supervisor (see the module's docstring).
@@ -275,7 +263,7 @@ class SandboxFiles:
                     if real == hidden or real.startswith(hidden.rstrip("/") + "/"):
                         raise OSError(errno.EACCES, "it is masked by the policy")
             if created and self.docker and os.geteuid() == 0:
-                uid, _, gid = str(getattr(self.backend, "user", "0:0")).partition(":")
+                uid, _, gid = self.container.user.partition(":")
                 os.fchown(fd, int(uid), int(gid or uid))
         except BaseException:
             os.close(fd)
@@ -286,8 +274,8 @@ class SandboxFiles:
         (its tmpfs ``/tmp`` and ``HOME`` too), its symlinks kept inside it. Its init is pinned by
         a pidfd and checked to be the container's (a recycled pid must never lead to this host's
         root)."""
-        cid = getattr(self.backend, "container_id", None)
-        pid = getattr(self.backend, "init_pid", None)
+        access = self.container
+        cid, pid = access.container_id, access.init_pid
         if not cid or not pid:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
         pidfd = os.pidfd_open(pid)
@@ -317,11 +305,10 @@ class SandboxFiles:
 
     # -- a remote docker engine: the archive API ---------------------------------------------
     def _api(self) -> tuple[Any, str]:
-        client = getattr(self.backend, "client", None)
-        cid = getattr(self.backend, "container_id", None)
-        if client is None or cid is None:
+        access = self.container
+        if access.client is None or access.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
-        return client.api, cid
+        return access.client.api, access.container_id
 
     def _reachable(self, target: Target, path: str) -> None:
         for mount in ("/tmp", self.home):  # noqa: S108 - the container's tmpfs mounts
@@ -432,7 +419,7 @@ class SandboxFiles:
                 f"cannot write {target.shown!r}: it is not a regular file", target.shown
             )
         parent, name = posixpath.split(path)
-        uid, _, gid = str(getattr(self.backend, "user", "0:0")).partition(":")
+        uid, _, gid = self.container.user.partition(":")
         info = tarfile.TarInfo(name)
         info.size, info.mode, info.mtime = len(data), mode, int(time.time())
         info.uid, info.gid = int(uid), int(gid or uid)

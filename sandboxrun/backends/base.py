@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandboxrun.backends.local.isolation import HostSupport
+
+if TYPE_CHECKING:
+    from sandboxrun.backends.client import RunnerClient
+    from sandboxrun.backends.local.isolation import LocalPlan
 from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.paths import Workspace
 from sandboxrun.engine.request import ExecRequest
@@ -16,6 +20,36 @@ from sandboxrun.engine.supervise import RunHandle, Supervision
 from sandboxrun.models import BackendName, Limits, Policy
 
 log = logging.getLogger("sandboxrun")
+
+
+@dataclass(frozen=True)
+class ContainerAccess:
+    """How the files API reaches a container sandbox without its supervisor."""
+
+    container_id: str | None
+    init_pid: int | None
+    """The container's PID 1 on this host (its ``/proc/<pid>/root``), when the engine is local."""
+    local: bool
+    """The engine runs on this host (else only the archive API reaches the files)."""
+    client: Any
+    """The docker SDK client (None once closed): the archive API, on this client only."""
+    user: str
+    """``uid:gid`` the sandbox's commands run as (files made for it are given to it)."""
+
+
+@dataclass(frozen=True)
+class SandboxView:
+    """What the files API (and the inspect provider) may use of an open sandbox: no backend
+    attribute is read behind this (``Backend.view``)."""
+
+    home: str | None
+    """The sandbox's default ``HOME`` (None: the host's)."""
+    supervisor: RunnerClient | None
+    """Opens paths in the sandbox's own view (its mounts and namespaces), when it has one."""
+    host_plan: LocalPlan | None = None
+    """A local sandbox: its isolation plan (what of this host it sees, and may write)."""
+    container: ContainerAccess | None = None
+    """A container sandbox."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +91,9 @@ class Backend(Protocol):
     async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
         """After supervision (shielded; bounded; never raises): release what the run held
         and say what really happened (an OOM kill, the sandbox's death, limits lost)."""
+
+    def view(self) -> SandboxView:
+        """What the files API may use now (after ``revive``, a fresh one)."""
 
     async def close(self) -> list[str]:
         """Release everything; bounded, safe to call twice. Returns what could not be

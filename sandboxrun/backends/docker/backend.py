@@ -23,7 +23,7 @@ import anyio.to_thread
 import docker.errors
 from docker import DockerClient
 
-from sandboxrun.backends.base import Probe
+from sandboxrun.backends.base import ContainerAccess, Probe, SandboxView
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.docker import api as dockerapi
 from sandboxrun.backends.docker import cgroup as docker_cgroup
@@ -420,6 +420,16 @@ class DockerBackend:
             marker=marker,
             prepend=() if raw else request.path_prepend,
         )
+
+    def view(self) -> SandboxView:
+        access = ContainerAccess(
+            container_id=self.container_id,
+            init_pid=self.init_pid,
+            local=bool(self.local),
+            client=self.client,
+            user=self.user,
+        )
+        return SandboxView(home=cfg.HOME, supervisor=self.supervisor, container=access)
 
     async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
         if self.client is None or self.container_id is None:

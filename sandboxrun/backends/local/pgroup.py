@@ -15,9 +15,9 @@ from pathlib import Path
 
 import anyio
 
-from sandboxrun.backends.base import Probe
+from sandboxrun.backends.base import Probe, SandboxView
 from sandboxrun.backends.client import RunnerClient
-from sandboxrun.backends.local.isolation import LocalPlan, plan_for, probe_host
+from sandboxrun.backends.local.isolation import SANDBOX_HOME, LocalPlan, plan_for, probe_host
 from sandboxrun.backends.supervised import ANSWER_MARGIN_S, SupervisedRun, start_supervised
 from sandboxrun.engine import argv
 from sandboxrun.engine.launch import Launch, Stdio
@@ -128,6 +128,11 @@ class ProcessGroupBackend:
             via="supervisor",
             shown=command,
         )
+
+    def view(self) -> SandboxView:
+        plan = self._plan
+        home = SANDBOX_HOME if plan is not None and plan.namespaces else None
+        return SandboxView(home=home, supervisor=self._client, host_plan=plan)
 
     async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
         return await start_supervised(self._client, launch, stdio)

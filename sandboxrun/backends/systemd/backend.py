@@ -21,9 +21,9 @@ import anyio.to_thread
 import psutil
 
 from sandboxrun import supervisor
-from sandboxrun.backends.base import Probe, log
+from sandboxrun.backends.base import Probe, SandboxView, log
 from sandboxrun.backends.client import RunnerClient
-from sandboxrun.backends.local.isolation import ns_differs, plan_for, probe_host
+from sandboxrun.backends.local.isolation import SANDBOX_HOME, ns_differs, plan_for, probe_host
 from sandboxrun.backends.local.pgroup import local_command, local_env
 from sandboxrun.backends.systemd import config as cfg
 from sandboxrun.backends.systemd.scope import ScopeRun, read_text
@@ -357,6 +357,13 @@ class SystemdScopeBackend:
         the command it forked into the sandbox's PID namespace."""
         mirrors = self._plan is not None and self._plan.namespaces
         return cfg.KEEPER_TASKS + (1 if mirrors else 0)
+
+    def view(self) -> SandboxView:
+        """The namespace holder opens paths in the sandbox's view (none: no namespaces, the
+        host's view)."""
+        plan = self._plan
+        home = SANDBOX_HOME if plan is not None and plan.namespaces else None
+        return SandboxView(home=home, supervisor=self._holder, host_plan=plan)
 
     async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
         """systemd-run starts a scope whose launcher joins the sandbox, applies env and cwd and

@@ -123,11 +123,10 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         """The host directory mapped at ``/workspace`` (docker)."""
         self.owned = owned
         """Whether the workspace is this sample's own (removed at cleanup)."""
-        backend = sandbox.backend
-        self.root = str(CONTAINER_ROOT) if backend.name == "docker" else str(workspace)
+        container = sandbox.backend.view().container
+        self.root = str(CONTAINER_ROOT) if container is not None else str(workspace)
         """The workspace as the sandbox sees it: relative paths are relative to it."""
-        user = getattr(backend, "user", None)
-        self.uid = int(user.split(":")[0]) if isinstance(user, str) else os.geteuid()
+        self.uid = int(container.user.split(":")[0]) if container is not None else os.geteuid()
         """The uid every command runs as."""
         self._users: dict[str, int] | None = None
         self._closed = False
@@ -390,10 +389,11 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
             raise ConnectionError("the sandbox is closed")
         if backend.name != "docker":
             raise NotImplementedError(f"no connection to a {backend.name} sandbox")
-        container = getattr(backend, "container_id", None)
-        if not isinstance(container, str):
+        access = backend.view().container
+        container = None if access is None else access.container_id
+        if access is None or container is None:
             raise ConnectionError("the sandbox's container is not running")
-        who = user or str(getattr(backend, "user", self.uid))
+        who = user or access.user
         command = ["docker", "exec", "-it", "-u", who, "-w", self.root, container, "bash", "-l"]
         return SandboxConnection(
             type="sandboxrun",
