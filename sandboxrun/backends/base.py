@@ -70,6 +70,9 @@ class Backend(Protocol):
 
     name: BackendName
 
+    def __init__(self, ctx: Context) -> None:
+        """One signature for every backend (the registry creates them all alike)."""
+
     async def open(self) -> None:
         """Acquire what the backend needs. A failure releases whatever was acquired."""
 

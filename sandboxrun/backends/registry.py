@@ -8,6 +8,8 @@ never falls back, and follows the same rule.
 
 from __future__ import annotations
 
+import importlib
+
 from sandboxrun.backends.base import Backend, Context, Probe, log
 from sandboxrun.errors import ConfigError, PolicyRefusedError, SandboxUnavailableError
 from sandboxrun.models import BackendName, Policy, required_guarantees
@@ -42,27 +44,20 @@ def refusal(result: Probe, ctx: Context, missing: list[str]) -> PolicyRefusedErr
     return PolicyRefusedError(result.backend, missing, why or None, strict=ctx.policy.strict)
 
 
+CLASSES: dict[BackendName, tuple[str, str]] = {
+    "process-group": ("sandboxrun.backends.local.pgroup", "ProcessGroupBackend"),
+    "docker": ("sandboxrun.backends.docker.backend", "DockerBackend"),
+    "systemd-scope": ("sandboxrun.backends.systemd.backend", "SystemdScopeBackend"),
+}
+"""Each backend's class, imported when it is created: one constructor, ``cls(ctx)``."""
+
+
 def create(name: BackendName, ctx: Context) -> Backend:
-    if name == "process-group":
-        from sandboxrun.backends.local.pgroup import ProcessGroupBackend
-
-        return ProcessGroupBackend(
-            ctx.limits.grace_s, ctx.policy, ctx.workspace.root, ctx.path_prepend
-        )
-    if name == "docker":
-        from sandboxrun.backends.docker.backend import DockerBackend
-
-        return DockerBackend(ctx.workspace, ctx.policy, ctx.limits, ctx.image, ctx.user)
-    if name == "systemd-scope":
-        from sandboxrun.backends.systemd.backend import SystemdScopeBackend
-
-        return SystemdScopeBackend(
-            limits=ctx.limits,
-            policy=ctx.policy,
-            workspace=ctx.workspace.root,
-            tools=ctx.path_prepend,
-        )
-    raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
+    where = CLASSES.get(name)
+    if where is None:
+        raise SandboxUnavailableError(name, probe(name).reason or "unavailable")
+    cls: type[Backend] = getattr(importlib.import_module(where[0]), where[1])
+    return cls(ctx)
 
 
 def check_name(requested: str) -> BackendName:

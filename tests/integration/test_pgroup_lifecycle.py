@@ -102,10 +102,9 @@ async def test_path_prepend_in_argv_and_shell_mode(workspace: Path, tmp_path: Pa
 async def test_runner_killed_mid_run_gives_sandbox_error_and_no_survivors(
     workspace: Path,
 ) -> None:
-    backend = ProcessGroupBackend()
     async with Sandbox(workspace, backend="process-group", limits=Limits(grace_s=0.5)) as sb:
         runner = sb.backend
-        assert isinstance(runner, type(backend))
+        assert isinstance(runner, ProcessGroupBackend)
         pid = runner._client.pid
         assert pid is not None
 

@@ -23,7 +23,7 @@ import anyio.to_thread
 import docker.errors
 from docker import DockerClient
 
-from sandboxrun.backends.base import ContainerAccess, Probe, SandboxView
+from sandboxrun.backends.base import ContainerAccess, Context, Probe, SandboxView
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.docker import api as dockerapi
 from sandboxrun.backends.docker import cgroup as docker_cgroup
@@ -36,7 +36,7 @@ from sandboxrun.backends.docker.engine_exec import DockerRun, start_timeout
 from sandboxrun.backends.supervised import SupervisedRun, start_supervised
 from sandboxrun.engine import argv, results
 from sandboxrun.engine.launch import Launch, Stdio
-from sandboxrun.engine.paths import CONTAINER_ROOT, Workspace
+from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.engine.results import NotStarted, Verdict
 from sandboxrun.engine.supervise import RunHandle, Supervision
@@ -108,14 +108,14 @@ def engine_socket() -> str | None:
 class DockerBackend:
     name: BackendName = "docker"
 
-    def __init__(
-        self,
-        workspace: Workspace,
-        policy: Policy,
-        limits: Limits,
-        image: str | None,
-        user: str | None,
-    ) -> None:
+    def __init__(self, ctx: Context) -> None:
+        workspace, policy, limits, image, user = (
+            ctx.workspace,
+            ctx.policy,
+            ctx.limits,
+            ctx.image,
+            ctx.user,
+        )
         cfg.check_workspace_utf8(workspace.root)  # before anything reaches the engine
         cfg.check_workspace(workspace.root, engine_socket())
         cfg.check_limits(limits, cpu_count=os.cpu_count() if engine_socket() else None)

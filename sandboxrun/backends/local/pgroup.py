@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 
-from sandboxrun.backends.base import Probe, SandboxView
+from sandboxrun.backends.base import Context, Probe, SandboxView
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.local.isolation import SANDBOX_HOME, LocalPlan, plan_for, probe_host
 from sandboxrun.backends.supervised import ANSWER_MARGIN_S, SupervisedRun, start_supervised
@@ -75,16 +75,10 @@ def local_command(request: ExecRequest) -> list[str]:
 class ProcessGroupBackend:
     name: BackendName = "process-group"
 
-    def __init__(
-        self,
-        grace_s: float = 3.0,
-        policy: Policy | None = None,
-        workspace: Path | None = None,
-        tools: tuple[str, ...] = (),
-    ) -> None:
-        self._plan = plan_for(policy, workspace, tools)
+    def __init__(self, ctx: Context) -> None:
+        self._plan = plan_for(ctx.policy, ctx.workspace.root, ctx.path_prepend)
         self._client = RunnerClient(self._plan)
-        self._grace_s = grace_s
+        self._grace_s = ctx.limits.grace_s
         self._layers: list[str] = []
         self._revive_lock = anyio.Lock()
 

@@ -21,7 +21,7 @@ import anyio.to_thread
 import psutil
 
 from sandboxrun import supervisor
-from sandboxrun.backends.base import Probe, SandboxView, log
+from sandboxrun.backends.base import Context, Probe, SandboxView, log
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.local.isolation import SANDBOX_HOME, ns_differs, plan_for, probe_host
 from sandboxrun.backends.local.pgroup import local_command, local_env
@@ -167,15 +167,8 @@ def _pure_v2(mount: str = "/sys/fs/cgroup") -> bool:
 class SystemdScopeBackend:
     name: BackendName = "systemd-scope"
 
-    def __init__(
-        self,
-        mode: cfg.Mode | None = None,
-        limits: Limits | None = None,
-        policy: Policy | None = None,
-        workspace: Path | None = None,
-        tools: tuple[str, ...] = (),
-    ) -> None:
-        self._plan = plan_for(policy, workspace, tools)
+    def __init__(self, ctx: Context) -> None:
+        self._plan = plan_for(ctx.policy, ctx.workspace.root, ctx.path_prepend)
         self._holder: RunnerClient | None = None
         """The sandbox's namespace holder: PID 1 of its namespaces, which every run joins."""
         self._holder_pidfd: int | None = None
@@ -183,8 +176,8 @@ class SystemdScopeBackend:
         """Which of the user and network namespaces the holder has its own of (runs join
         those too)."""
         self._layers: list[str] = []
-        self.mode: cfg.Mode = mode or manager_mode()
-        self._limits = limits or Limits()
+        self.mode: cfg.Mode = manager_mode()
+        self._limits = ctx.limits
         self.applied_limits: set[str] | None = None
         """The limits a trial scope showed applied (checked once at open when any is set)."""
         self._tools: tuple[str, str] | None = None
