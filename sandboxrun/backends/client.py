@@ -13,7 +13,6 @@ import re
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -28,14 +27,11 @@ import anyio
 from sandboxrun import supervisor
 from sandboxrun.errors import BackendError
 from sandboxrun.supervisor.procfs import stat_fields
+from sandboxrun.supervisor.protocol import HEADER, MAX_FDS, MAX_FRAME
 
 if TYPE_CHECKING:
     from sandboxrun.backends.local.isolation import LocalPlan
 
-HEADER = struct.Struct("!I")
-MAX_FRAME = 1 << 20
-"""The largest frame the host accepts from a runner (its replies are small)."""
-MAX_FDS = 8
 RUNNER = Path(supervisor.HERE, "runner.py")
 READY_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 30.0

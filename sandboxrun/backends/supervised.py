@@ -27,7 +27,7 @@ from sandboxrun.engine.results import NotStarted, spawn_exit_code
 from sandboxrun.engine.supervise import KILL_BUDGET_S, Termination
 from sandboxrun.errors import BackendError
 from sandboxrun.supervisor.procfs import MARKER_VAR
-from sandboxrun.supervisor.runner import clip
+from sandboxrun.supervisor.protocol import clip
 
 SPAWN_TIMEOUT_S = 10.0
 ANSWER_MARGIN_S = 5.0

@@ -19,9 +19,9 @@ import anyio
 from sandboxrun.engine.capture.stream import Activity, LiveSink
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.models import TimeoutKind
+from sandboxrun.supervisor.protocol import KILL_BUDGET_S
 
-KILL_BUDGET_S = 5.0
-"""How long after the grace period SIGKILL is repeated before survivors are reported."""
+__all__ = ["KILL_BUDGET_S"]
 
 
 @dataclass

@@ -37,72 +37,17 @@ if TYPE_CHECKING:
     import signal
 else:  # the C module: `signal` imports enum, functools, collections (~5 ms a run)
     import _signal as signal
+if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.launcher (the host's tests)
+    from .launchwire import decode_plan, decode_spec, frame, json_text
+else:  # run as a script: its wire module is next to it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launchwire import decode_plan, decode_spec, frame, json_text
 
-
-def json_text(text: str) -> str:
-    """``text`` as a JSON string, escaped by hand (non-ASCII as \\u escapes)."""
-    out = ['"']
-    for char in text:
-        code = ord(char)
-        if 0x20 <= code < 0x7F and char not in '"\\':
-            out.append(char)
-        elif code > 0xFFFF:  # a surrogate pair
-            code -= 0x10000
-            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
-        else:
-            out.append(f"\\u{code:04x}")
-    out.append('"')
-    return "".join(out)
+__all__ = ["decode_plan", "decode_spec", "frame", "json_text"]
 
 
 MAX_NAME = 2000
 """Characters of a command's name quoted in a spawn error at most (the supervisor's bound)."""
-
-
-def frame(fd: int, fields: dict[str, str | int]) -> None:
-    body = ", ".join(
-        f"{json_text(k)}: {v if isinstance(v, int) else json_text(v)}" for k, v in fields.items()
-    )
-    data = ("\0{" + body + "}\n").encode()
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-def decode_spec(data: bytes) -> tuple[bytes, list[bytes], dict[bytes, bytes]]:
-    """``(cwd, argv, env)`` from the memfd's bytes (see ``systemd_config.encode_spec``)."""
-    parts = data.split(b"\0")
-    cwd, argc = parts[0], int(parts[1])
-    argv = parts[2 : 2 + argc]
-    env = {}
-    for item in parts[2 + argc :]:
-        key, _, value = item.partition(b"=")
-        env[key] = value
-    return cwd, argv, env
-
-
-def decode_plan(data: bytes) -> dict[str, object]:
-    """The plan from the memfd's bytes (see ``systemd_config.encode_plan``)."""
-    parts = [os.fsdecode(p) for p in data.split(b"\0")]
-    ns_fd = int(parts[0]) if parts[0] else 0
-    at = 1
-    count = int(parts[at])
-    extra = parts[at + 1 : at + 1 + count]
-    at += 1 + count
-    flags = parts[at].split()
-    at += 1
-    count = int(parts[at])
-    dirs = parts[at + 1 : at + 1 + count]
-    at += 1 + count
-    count = int(parts[at])
-    files = parts[at + 1 : at + 1 + count]
-    landlock = (
-        {"dirs": dirs, "files": files, "deny_tcp": "deny_tcp" in flags}
-        if "landlock" in flags
-        else None
-    )
-    confine = {"drop_caps": "drop_caps" in flags, "seccomp": "seccomp" in flags}
-    confine["landlock"] = landlock  # type: ignore[assignment]
-    return {"ns_fd": ns_fd, "ns_extra": extra, "confine": confine}
 
 
 def read_all(fd: int) -> bytes:

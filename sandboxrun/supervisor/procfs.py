@@ -10,18 +10,42 @@ from __future__ import annotations
 import errno
 import os
 import signal
-from collections.abc import Mapping
-from dataclasses import dataclass
 
-MARKER_VAR = "SANDBOXRUN_RUN_ID"
+TYPE_CHECKING = False  # not from typing: the supervisor imports this module too (cheaply)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+if TYPE_CHECKING or __package__:  # sandboxrun.supervisor.procfs (the host)
+    from .protocol import MARKER_VAR
+else:  # next to the runner (its directory is on sys.path)
+    from protocol import MARKER_VAR
+
+__all__ = ["MARKER_VAR"]
 
 
-@dataclass(frozen=True)
 class Proc:
-    pid: int
-    ppid: int
-    state: str
-    start: int
+    """One process as ``/proc/<pid>/stat`` showed it (immutable; no dataclasses: the
+    supervisor imports this module)."""
+
+    __slots__ = ("pid", "ppid", "start", "state")
+
+    def __init__(self, pid: int, ppid: int, state: str, start: int) -> None:
+        self.pid, self.ppid, self.state, self.start = pid, ppid, state, start
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Proc):
+            return NotImplemented
+        return (self.pid, self.ppid, self.state, self.start) == (
+            other.pid,
+            other.ppid,
+            other.state,
+            other.start,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.pid, self.ppid, self.state, self.start))
+
+    def __repr__(self) -> str:
+        return f"Proc(pid={self.pid}, ppid={self.ppid}, state={self.state!r}, start={self.start})"
 
 
 def stat_fields(pid: int) -> list[bytes] | None:

@@ -43,41 +43,31 @@ import selectors
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.runner (the host)
+    from .procfs import marker_of as run_marker
+    from .procfs import stat_fields, threads_left
+    from .protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip
+else:  # run as a script (the local backends) or imported as ``runner`` (docker's boot code)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from procfs import marker_of as run_marker
+    from procfs import stat_fields, threads_left
+    from protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip
+
+__all__ = ["HEADER", "KILL_BUDGET_S", "MAX_SEND", "MAX_TEXT", "ORPHANED_GRACE_S", "clip"]
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
-HEADER = struct.Struct("!I")
-MARKER = b"SANDBOXRUN_RUN_ID="
 TICK_S = 0.02
 REFRESH_S = 0.5
-KILL_BUDGET_S = 5.0
 OOM_FD = -1
 """Our /proc/self/oom_score_adj, opened before we become non-dumpable (``main``)."""
 MAX_HOPS = 40
 """Symlinks ``open_beneath`` follows in one path at most (the kernel's own bound)."""
-MAX_TEXT = 2000
-"""Characters of any string the runner sends (errors, paths) at most: a longer one is cut and
-ends with ``…(N bytes)``, its whole length (``clip``)."""
-MAX_SEND = 1 << 16
-"""Bytes of one frame the runner sends at most (the host accepts 1 MiB): a reply that would be
-larger is replaced by an ``error`` about it (``send``), so no request can grow a frame."""
-ORPHANED_GRACE_S = 1.0
-"""The grace of runs whose host went away (its socket closed): nothing is left within the
-bound the host promises (a few seconds), even of a TERM-ignoring command."""
-
-
-def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """``text`` as the runner may send it: at most ``limit`` characters, a cut one marked with
-    its whole size (``…(1200008 bytes)``)."""
-    if len(text) <= limit:
-        return text
-    size = len(text.encode("utf-8", "surrogateescape"))
-    return text[:limit] + f"\u2026({size} bytes)"
 
 
 def describe_error(exc: BaseException) -> tuple[int, str]:
@@ -128,13 +118,8 @@ def close_all(fds: list[int]) -> None:
 
 def read_stat(pid: int) -> tuple[int, bytes, int] | None:
     """``(ppid, state, starttime)`` of a process, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    return int(fields[1]), fields[0], int(fields[19])
+    fields = stat_fields(pid)
+    return None if fields is None else (int(fields[1]), fields[0], int(fields[19]))
 
 
 def process_table() -> dict[int, tuple[int, bytes, int]]:
@@ -145,25 +130,6 @@ def process_table() -> dict[int, tuple[int, bytes, int]]:
             if stat is not None:
                 table[int(name)] = stat
     return table
-
-
-def threads_left(pid: int) -> bool:
-    """A zombie thread-group leader whose other threads still run is alive."""
-    try:
-        return len(os.listdir(f"/proc/{pid}/task")) > 1
-    except OSError:
-        return False
-
-
-def run_marker(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(MARKER):
-                    return item[len(MARKER) :].decode(errors="replace")
-    except OSError:
-        pass
-    return None
 
 
 def namespaces() -> dict[str, int]:

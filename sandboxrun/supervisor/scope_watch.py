@@ -13,9 +13,17 @@ argv: ``_scope_watch.py SYSTEMCTL MODE`` (MODE: system or user).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.scope_watch
+    from .launchwire import read_watch_line
+else:  # run as a script: its wire module is next to it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launchwire import read_watch_line
 
 
 def main() -> None:
@@ -24,11 +32,14 @@ def main() -> None:
         signal.signal(number, signal.SIG_IGN)  # only EOF ends the watch
     units: set[str] = set()
     for raw in sys.stdin.buffer:
-        line = raw.decode(errors="replace").strip()
-        if line.startswith("+"):
-            units.add(line[1:])
-        elif line.startswith("-"):
-            units.discard(line[1:])
+        read = read_watch_line(raw)
+        if read is None:
+            continue
+        sign, unit = read
+        if sign == "+":
+            units.add(unit)
+        else:
+            units.discard(unit)
     ours = sorted(u for u in units if u.startswith("sandboxrun-") and u.endswith(".scope"))
     if not ours:
         return

@@ -237,7 +237,7 @@ def test_the_rendezvous_is_never_the_container_users_and_never_in_a_workspace(
     swap could hand it a host file), it lives in a parent only the invoker enters, never in
     a directory a sandbox can write (``TMPDIR``, a workspace: another sandbox's command
     could replace the runner's copy before the supervisor starts)."""
-    from sandboxrun.backends.docker.rendezvous import Rendezvous, parent_dir
+    from sandboxrun.backends.docker.rendezvous import SCRIPTS, Rendezvous, parent_dir
 
     parent = parent_dir(tmp_path)
     assert parent is not None
@@ -245,7 +245,11 @@ def test_the_rendezvous_is_never_the_container_users_and_never_in_a_workspace(
     rendezvous = Rendezvous(parent)
     try:
         assert (parent.stat().st_mode & 0o777) == 0o700 and parent.stat().st_uid == os.geteuid()
-        for path, mode in ((rendezvous.dir, 0o755), (rendezvous.dir / "runner.py", 0o444)):
+        scripts = [(rendezvous.dir / name, 0o444) for name in SCRIPTS]
+        assert sorted(p.name for p in rendezvous.dir.iterdir()) == sorted(
+            [*SCRIPTS, "supervisor.sock"]
+        )
+        for path, mode in ((rendezvous.dir, 0o755), *scripts):
             assert (path.stat().st_mode & 0o777) == mode
             assert path.stat().st_uid == os.geteuid()
     finally:

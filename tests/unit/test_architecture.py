@@ -184,14 +184,19 @@ def test_the_supervisor_runs_under_python_3_9() -> None:
     if python is None:
         pytest.skip("no Python 3.9 interpreter here (python3.9 or pyenv's 3.9.*)")
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "import confine, launcher, procfs, runner, scope_watch\n"
+        "import sys; sys.path.insert(0, sys.argv[1])\n"  # as the host imports them: a package
+        "from supervisor import confine, launcher, launchwire, procfs, protocol, runner\n"
+        "from supervisor import scope_watch\n"
         "assert confine._strings(['/a', '/b']) == ['/a', '/b']\n"
         "assert confine._strings(('/a',)) == ['/a']\n"
+        "sys.path[0] = sys.argv[2]\n"  # as the sandbox runs them: scripts side by side
+        "for name in ('confine', 'protocol', 'procfs', 'launchwire', 'runner', 'launcher',\n"
+        "             'scope_watch'):\n"
+        "    sys.modules.pop(name, None); __import__(name)\n"
         "print(sys.version_info[:2])\n"
     )
     done = subprocess.run(
-        [python, "-I", "-S", "-B", "-c", code, str(SUPERVISOR)],
+        [python, "-I", "-S", "-B", "-c", code, str(PACKAGE), str(SUPERVISOR)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -19,8 +19,9 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from sandboxrun.backends.client import MAX_FRAME, RunnerClient
+from sandboxrun.backends.client import RunnerClient
 from sandboxrun.errors import BackendError
+from sandboxrun.supervisor.protocol import MAX_FRAME
 
 pytestmark = pytest.mark.anyio
 HEADER = struct.Struct("!I")

@@ -9,6 +9,7 @@ import pytest
 from sandboxrun.backends.systemd import config as cfg
 from sandboxrun.backends.systemd.scope import cgroup_populated
 from sandboxrun.models import Limits
+from sandboxrun.supervisor import launchwire
 from sandboxrun.supervisor import procfs as proctree
 
 HYBRID = """12:perf_event:/
@@ -103,28 +104,30 @@ def test_kill_argv_signals_the_whole_unit() -> None:
 
 def test_parse_status_splits_messages_and_frames() -> None:
     data = b'Warning: something\n\0{"op": "launched", "cgroup": "0::/x"}\n'
-    report = cfg.parse_status(data)
-    assert report == cfg.StatusReport("Warning: something", True, "0::/x", None)
+    report = launchwire.parse_status(data)
+    assert report == launchwire.StatusReport("Warning: something", True, "0::/x", None)
 
 
 def test_parse_status_keeper_pid() -> None:
-    report = cfg.parse_status(b'\0{"op": "launched", "cgroup": "c", "keeper": 77}\n')
+    report = launchwire.parse_status(b'\0{"op": "launched", "cgroup": "c", "keeper": 77}\n')
     assert report.keeper == 77
     for bad in (b"0", b'"77"', b"-1", b"null"):
         frame = b'\0{"op": "launched", "cgroup": "c", "keeper": ' + bad + b"}\n"
-        assert cfg.parse_status(frame).keeper is None
+        assert launchwire.parse_status(frame).keeper is None
 
 
 def test_parse_status_spawn_error_and_garbage() -> None:
     data = b'\0{"op": "launched", "cgroup": "c"}\n\0not json\n\0[1]\n'
     data += b'\0{"op": "spawn_error", "errno": 2}\n'
-    report = cfg.parse_status(data)
+    report = launchwire.parse_status(data)
     assert report.launched
     assert report.spawn_error == {"op": "spawn_error", "errno": 2}
 
 
 def test_parse_status_of_a_systemd_run_failure() -> None:
-    report = cfg.parse_status(b"Failed to start transient scope unit: Unit x already exists.\n")
+    report = launchwire.parse_status(
+        b"Failed to start transient scope unit: Unit x already exists.\n"
+    )
     assert not report.launched
     assert report.messages.startswith("Failed to start transient scope unit")
 
@@ -262,9 +265,9 @@ def test_cgroup_populated(events: str | None, populated: bool | None) -> None:
 def test_spec_round_trips_through_the_launcher(
     argv: list[str], env: dict[str, str], cwd: str
 ) -> None:
-    from sandboxrun.supervisor.launcher import decode_spec
+    from sandboxrun.supervisor.launchwire import decode_spec
 
-    got_cwd, got_argv, got_env = decode_spec(cfg.encode_spec(argv, env, cwd))
+    got_cwd, got_argv, got_env = decode_spec(launchwire.encode_spec(argv, env, cwd))
     assert os.fsdecode(got_cwd) == cwd
     assert [os.fsdecode(a) for a in got_argv] == argv
     assert {os.fsdecode(k): os.fsdecode(v) for k, v in got_env.items()} == env
@@ -272,7 +275,7 @@ def test_spec_round_trips_through_the_launcher(
 
 def test_spec_refuses_a_nul() -> None:
     with pytest.raises(ValueError, match="NUL"):
-        cfg.encode_spec(["a\0b"], {}, "/")
+        launchwire.encode_spec(["a\0b"], {}, "/")
 
 
 @pytest.mark.parametrize(
@@ -281,7 +284,7 @@ def test_spec_refuses_a_nul() -> None:
 def test_launcher_frames_are_json(text: str) -> None:
     import json
 
-    from sandboxrun.supervisor.launcher import json_text
+    from sandboxrun.supervisor.launchwire import json_text
 
     assert json.loads(json_text(text)) == text
     assert json_text(text).isascii()
@@ -318,13 +321,13 @@ def test_launcher_frames_are_json(text: str) -> None:
 def test_launcher_plan_round_trip(
     ns_pid: int | None, extra: list[str], confine: dict[str, object]
 ) -> None:
-    from sandboxrun.supervisor.launcher import decode_plan
+    from sandboxrun.supervisor.launchwire import decode_plan
 
-    plan = decode_plan(cfg.encode_plan(ns_pid, extra, confine))
+    plan = decode_plan(launchwire.encode_plan(ns_pid, extra, confine))
     assert plan == {"ns_fd": ns_pid or 0, "ns_extra": extra, "confine": confine}
 
 
 def test_launcher_plan_refuses_nul() -> None:
     landlock = {"dirs": ["/a\0b"], "files": [], "deny_tcp": False}
     with pytest.raises(ValueError, match="NUL"):
-        cfg.encode_plan(1, [], {"landlock": landlock})
+        launchwire.encode_plan(1, [], {"landlock": landlock})

@@ -7,7 +7,7 @@ entrypoint), started from a private host directory bind-mounted read-only at
 ``MOUNT``: no image change is needed, only a ``python3`` (3.9+) in the image. It connects to the
 host's unix socket in that directory (a path socket works across ``--network none``); the host
 accepts one connection, checks that its peer is the container's main process, and unlinks the
-socket, the runner's copy and the directory at once, so no sandboxed process can connect later
+socket, the runner's copies and the directory at once, so no sandboxed process can connect later
 and nothing is left on the host. Commands then cost a message, not an engine round trip, and
 their pipes (passed with SCM_RIGHTS) carry output straight to the host.
 
@@ -37,9 +37,10 @@ from sandboxrun.errors import BackendError
 from sandboxrun.supervisor import procfs as proctree
 
 MOUNT = "/run/sandboxrun"
-RUNNER = Path(supervisor.HERE, "runner.py")
 SOCKET_NAME = "supervisor.sock"
-SCRIPT_NAME = "runner.py"
+SCRIPTS = ("runner.py", "protocol.py", "procfs.py")
+"""What of ``supervisor/`` the container's supervisor needs (it imports them all before it
+connects: the copies are unlinked once it has)."""
 BOOT = (
     "import os, sys\n"
     "try:\n"
@@ -101,7 +102,7 @@ class Rendezvous:
     """The private host directory the supervisor connects through (one per container).
 
     Nothing in it is ever given to the container's user: the directory (mode 0755) and the
-    runner's copy (0444) stay the invoker's, and only the socket is open to all (0666), inside
+    runner's copies (0444) stay the invoker's, and only the socket is open to all (0666), inside
     a parent nobody else can enter; in the container, nothing but the supervisor runs before
     it has connected and everything is unlinked."""
 
@@ -113,9 +114,10 @@ class Rendezvous:
         except OSError as exc:
             raise BackendError(f"cannot prepare the sandbox's supervisor: {exc}") from exc
         try:
-            script = self.dir / SCRIPT_NAME
-            shutil.copyfile(RUNNER, script)
-            script.chmod(0o444)
+            for name in SCRIPTS:
+                script = self.dir / name
+                shutil.copyfile(Path(supervisor.HERE, name), script)
+                script.chmod(0o444)
             listener = self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(str(self.dir / SOCKET_NAME))
             listener.listen(1)
@@ -159,12 +161,12 @@ class Rendezvous:
             self.close()
 
     def close(self) -> None:
-        """Remove the socket, the runner's copy and the directory (idempotent)."""
+        """Remove the socket, the runner's copies and the directory (idempotent)."""
         if self._listener is not None:
             self._listener.close()
             self._listener = None
         if hasattr(self, "dir"):
-            for name in (SOCKET_NAME, SCRIPT_NAME):
+            for name in (SOCKET_NAME, *SCRIPTS):
                 with suppress(OSError):
                     (self.dir / name).unlink()
             with suppress(OSError):

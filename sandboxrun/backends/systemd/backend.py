@@ -40,7 +40,8 @@ from sandboxrun.models import (
     Policy,
     limit_guarantees,
 )
-from sandboxrun.supervisor.runner import clip
+from sandboxrun.supervisor import launchwire
+from sandboxrun.supervisor.protocol import clip
 
 BASE_ISOLATION = ("cgroup", "own-session", "descendant-sweep")
 LAUNCHER = str(Path(supervisor.HERE, "launcher.py"))
@@ -264,20 +265,20 @@ class SystemdScopeBackend:
                 raise BackendError("the sandbox's namespace holder is gone")
             ns_fd = os.dup(self._holder_pidfd)
         try:
-            data = cfg.encode_plan(ns_fd, self._ns_extra, plan.confine())
+            data = launchwire.encode_plan(ns_fd, self._ns_extra, plan.confine())
             return (_memfd("sandboxrun-plan", data),) + (() if ns_fd is None else (ns_fd,))
         except BaseException:
             if ns_fd is not None:
                 os.close(ns_fd)
             raise
 
-    def _watch(self, line: str) -> None:
+    def _watch(self, sign: str, unit: str) -> None:
         """Tell the watchdog about a unit (``+unit`` before launch, ``-unit`` once empty)."""
         pipe = None if self.watchdog is None else self.watchdog.stdin
         if pipe is None:
             return
         try:  # non-blocking: a stopped or dead watchdog must never stall a run
-            os.write(pipe.fileno(), f"{line}\n".encode())
+            os.write(pipe.fileno(), launchwire.watch_line(sign, unit))
         except (OSError, ValueError) as exc:
             if not self._watch_failed:
                 self._watch_failed = True
@@ -381,8 +382,8 @@ class SystemdScopeBackend:
             child_fds = (spec_fd, status_w, *pipes.child, hold_r, *plan_fds)
             inner = [sys.executable, "-I", "-S", "-B", LAUNCHER, *map(str, child_fds)]
             argv = self._systemd_run_argv(request, inner)
-            self._watch(f"+{unit}")
-            on_fail.callback(self._watch, f"-{unit}")
+            self._watch("+", unit)
+            on_fail.callback(self._watch, "-", unit)
             try:
                 proc = subprocess.Popen(  # noqa: ASYNC220 (vfork+exec: no wait)
                     argv,
@@ -431,7 +432,7 @@ class SystemdScopeBackend:
 
     def _release(self, run: ScopeRun) -> None:
         if run.emptied:
-            self._watch(f"-{run.unit}")  # else the watchdog stops it
+            self._watch("-", run.unit)  # else the watchdog stops it
         run.close()
 
     async def _launch(self, run: ScopeRun, launch: Launch) -> list[str]:
@@ -531,7 +532,7 @@ def trial_limits(systemd_run: str, mode: cfg.Mode, limits: Limits) -> set[str]:
 
 def _spec_memfd(launch: Launch) -> int:
     """The command's argv, environment and working directory in a private memfd."""
-    data = cfg.encode_spec(launch.argv, dict(launch.env), launch.cwd)
+    data = launchwire.encode_spec(launch.argv, dict(launch.env), launch.cwd)
     return _memfd("sandboxrun-spec", data)
 
 

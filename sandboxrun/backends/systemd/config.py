@@ -3,12 +3,10 @@ systemd and the kernel report (no I/O here; exhaustively unit-tested)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sandboxrun.models import Limits
 
@@ -93,80 +91,6 @@ def kill_argv(systemctl: str, mode: Mode, unit: str, signal_name: str) -> list[s
     return systemctl_argv(
         systemctl, mode, "kill", "--kill-whom=all", f"--signal={signal_name}", unit
     )
-
-
-def encode_spec(argv: list[str], env: dict[str, str], cwd: str) -> bytes:
-    """The launcher's memfd: NUL-separated cwd, argc, the argv, then ``KEY=VALUE`` items (no
-    NUL can be in any of them: the kernel could not pass it either)."""
-    items = [cwd, str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
-    encoded = [os.fsencode(item) for item in items]
-    if any(b"\0" in item for item in encoded):
-        raise ValueError("a NUL byte cannot be passed to a command")
-    return b"\0".join(encoded)
-
-
-def encode_plan(ns_fd: int | None, ns_extra: list[str], confine: dict[str, Any]) -> bytes:
-    """The launcher's plan memfd (``_launcher.decode_plan`` reads it; no ``json`` there: it
-    costs ~10 ms a run): NUL-separated ``ns_fd`` (the launcher's pidfd of the holder), the
-    count and names of the extra namespaces to join (``user``, ``net``), the set flags
-    (``drop_caps seccomp landlock deny_tcp``), then the count and paths of the writable
-    directories, then of the writable files."""
-    landlock = confine.get("landlock") or None
-    flags = [name for name in ("drop_caps", "seccomp") if confine.get(name)]
-    dirs: list[str] = []
-    files: list[str] = []
-    if landlock:
-        flags.append("landlock")
-        if landlock.get("deny_tcp"):
-            flags.append("deny_tcp")
-        dirs, files = list(landlock["dirs"]), list(landlock["files"])
-    items = [
-        "" if ns_fd is None else str(ns_fd),
-        str(len(ns_extra)),
-        *ns_extra,
-        " ".join(flags),
-        str(len(dirs)),
-        *dirs,
-        str(len(files)),
-        *files,
-    ]
-    encoded = [os.fsencode(item) for item in items]
-    if any(b"\0" in item for item in encoded):
-        raise ValueError("a NUL byte cannot be in a path")
-    return b"\0".join(encoded)
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    """What the status pipe said: systemd-run's own messages, and the launcher's frames."""
-
-    messages: str
-    launched: bool
-    cgroup: str | None
-    spawn_error: dict[str, object] | None
-    keeper: int | None = None
-
-
-def parse_status(data: bytes) -> StatusReport:
-    """Split the status pipe's bytes into systemd-run's text and the launcher's frames."""
-    text, *frames = data.split(b"\0")
-    launched, cgroup, error, keeper = False, None, None, None
-    for raw in frames:
-        try:
-            message = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(message, dict):
-            continue
-        if message.get("op") == "launched":
-            launched = True
-            value = message.get("cgroup")
-            cgroup = value if isinstance(value, str) else None
-            pid = message.get("keeper")
-            keeper = pid if isinstance(pid, int) and pid > 0 else None
-        elif message.get("op") == "spawn_error":
-            error = message
-    return StatusReport(text.decode(errors="replace").strip(), launched, cgroup, error, keeper)
 
 
 @dataclass(frozen=True)

@@ -20,17 +20,11 @@ from pathlib import Path
 
 import anyio
 
-from sandboxrun.backends.systemd.config import (
-    CgroupPaths,
-    Mode,
-    StatusReport,
-    cpu_usage_s,
-    kill_argv,
-    parse_status,
-)
+from sandboxrun.backends.systemd.config import CgroupPaths, Mode, cpu_usage_s, kill_argv
 from sandboxrun.engine.capture.pipes import FdPump
 from sandboxrun.engine.supervise import KILL_BUDGET_S, Termination
 from sandboxrun.supervisor import procfs as proctree
+from sandboxrun.supervisor.launchwire import StatusReport, parse_status
 
 POLL_S = 0.02
 UNSEEN = -1
