@@ -5,10 +5,13 @@ contract (``sandboxrun.backends.base.Backend``): the results are built by the ve
 real backends use (output accounting, spill files, masking, timeouts, cancellation), only the
 command's outcome is scripted.
 
-``respond(launch)`` (sync or async) says what a command does: ``Reply(stdout=..., exit_code=...)``.
-It sees the ``Launch`` the sandbox planned (``launch.argv``, ``launch.env``, ``launch.cwd``,
-``launch.request.stdin``). The login-shell snapshot is answered by the fake itself. Every
-command started is in ``FakeBackend.launches``.
+``respond(launch)`` says what a command does: ``Reply(stdout=..., exit_code=...)``. It sees the
+``Launch`` the sandbox planned (``launch.argv``, ``launch.env``, ``launch.cwd``,
+``launch.request.stdin``: bytes given to ``exec``; a job's streamed stdin is refused, as by a
+command that closed it) and is called as the command starts, which cannot be interrupted: it
+must return at once (a command that takes time says so in ``Reply.duration_s``, during which
+deadlines and cancellation apply as to a real one). The login-shell snapshot is answered by
+the fake itself. Every command started is in ``FakeBackend.launches``.
 
 A fake runs nothing, so nothing can escape it: by default it reports every guarantee a request
 asks for (``isolation=`` to test how code handles a backend that lacks some).
@@ -16,10 +19,9 @@ asks for (``isolation=`` to test how code handles a backend that lacks some).
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -27,7 +29,7 @@ import anyio
 from sandboxrun.api.login import SCRIPT
 from sandboxrun.backends.base import SandboxView
 from sandboxrun.engine.launch import Launch, Stdio
-from sandboxrun.engine.request import ExecRequest
+from sandboxrun.engine.request import ExecRequest, StdinStream
 from sandboxrun.engine.results import NotStarted, Verdict, spawn_exit_code
 from sandboxrun.engine.supervise import RunHandle, Supervision, Termination
 from sandboxrun.errors import BackendError
@@ -52,7 +54,7 @@ class Reply:
     """It cannot be executed: ``errno.ENOENT`` (exit code 127), ``errno.EACCES`` (126)."""
 
 
-Responder = Callable[[Launch], "Reply | Awaitable[Reply]"]
+Responder = Callable[[Launch], Reply]
 
 
 def _encode(data: bytes | str) -> bytes:
@@ -65,6 +67,9 @@ class FakeRun:
     def __init__(self, reply: Reply, stdio: Stdio) -> None:
         self._reply = reply
         self._stdio = stdio
+        stdin = stdio.request.stdin
+        if isinstance(stdin, StdinStream):  # it reads none: as if it had closed its stdin
+            stdin.abort()
         self._status: int | None = None
         self._ended = anyio.Event()
         self._written = False
@@ -152,8 +157,7 @@ class FakeBackend:
     async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
         reply = _snapshot_reply(launch.request)
         if reply is None:
-            answer = self.respond(launch)
-            reply = await answer if inspect.isawaitable(answer) else answer
+            reply = self.respond(launch)
             self.launches.append(launch)
         if reply.spawn_errno is not None:
             why = os.strerror(reply.spawn_errno)

@@ -112,7 +112,7 @@ class SandboxFiles:
         self.root = str(CONTAINER_ROOT) if self.docker else str(workspace.root)
         """The workspace in the sandbox's view."""
         self.plan = view.host_plan
-        self.home = home or view.home or host_home or "/"
+        self.home = home if home is not None else (view.home or host_home or "/")
         """The sandbox's ``HOME`` (``~``): the one it was given, else its backend's default."""
         self.supervisor: RunnerClient | None = view.supervisor
 

@@ -205,9 +205,13 @@ class Logins:
             raise NotRun("timed_out", _out_of_time(request.timeout_s))
         return self._resolved(dataclasses.replace(request, timeout_s=left), state)
 
-    def ready(self, request: ExecRequest) -> tuple[ExecRequest, str | None] | None:
+    def ready(
+        self, request: ExecRequest, *, consume: bool = True
+    ) -> tuple[ExecRequest, str | None] | None:
         """What ``resolve`` gives when nothing has to run for it (a raw request, a ``pids``
-        limit no login shell fits, or the snapshot already taken), else None."""
+        limit no login shell fits, or the snapshot already taken), else None. ``consume``:
+        a failed snapshot's warning counts as reported (False: only looked at, for a command
+        that may still be refused)."""
         if request.login == "raw":
             return request, None
         pids = request.limits.pids
@@ -218,13 +222,15 @@ class Logins:
         if state is None:
             return None
         self._states.move_to_end(key)
-        return self._resolved(request, state)
+        return self._resolved(request, state, consume)
 
     @staticmethod
-    def _resolved(request: ExecRequest, state: _State) -> tuple[ExecRequest, str | None]:
+    def _resolved(
+        request: ExecRequest, state: _State, consume: bool = True
+    ) -> tuple[ExecRequest, str | None]:
         warning = None
         if state.warning is not None and not state.reported:
-            state.reported, warning = True, state.warning
+            state.reported, warning = consume, state.warning
         in_force: LoginMode = "snapshot" if state.snapshot is not None else "each"
         resolved = dataclasses.replace(
             request,

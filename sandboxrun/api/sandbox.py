@@ -509,7 +509,13 @@ class Sandbox:
     def escalated(self, request: ExecRequest, policy: Policy) -> tuple[Sandbox, ExecRequest]:
         """A fresh, unopened ``Sandbox`` like this one (workspace, requested backend, limits,
         env options, image, user) but under ``policy``, and ``request`` re-made for it (same
-        command, environment, workdir, stdin and sink; a new run id)."""
+        command, environment, workdir, stdin and sink; a new run id). A backend given as an
+        object belongs to this sandbox: no fresh one can be made for the re-run."""
+        if not isinstance(self._requested, str):
+            raise ConfigError(
+                "escalation needs the backend by name (a backend object belongs to its sandbox: "
+                "the re-run cannot have a fresh one)"
+            )
         sandbox = Sandbox(
             self.workspace.root,
             backend=self._requested,
@@ -588,7 +594,7 @@ class Sandbox:
         it ends the run like ``aclose`` does, with a ``cancelled`` result), else a new one."""
         backend = self.backend
         request = self._with_spill_dir(request)
-        ready = self._logins.ready(request)  # the login snapshot already taken, or none needed
+        ready = self._logins.ready(request, consume=False)  # the snapshot taken, or none needed
         launch = backend.plan(request if ready is None else ready[0])  # InputError: nothing ran
         missing = self._missing(launch.isolation)
         self._refuse(missing)
@@ -608,13 +614,14 @@ class Sandbox:
         try:
             with scope:
                 try:  # the login-shell snapshot (sandboxrun.api.login), in the run's scope and time
-                    if ready is None:
-                        ready = await self._logins.resolve(request, self._raw_exec)
-                        launch = backend.plan(ready[0])
+                    resolved = None if ready is None else self._logins.ready(request)
+                    if resolved is None:  # (or evicted meanwhile) taken now, then planned
+                        resolved = await self._logins.resolve(request, self._raw_exec)
+                        launch = backend.plan(resolved[0])
                 except NotRun as exc:
                     unstarted = (exc.status, str(exc))
                 else:
-                    request, warning = ready
+                    request, warning = resolved
                     login_s = time.monotonic() - started
                     facts = self._facts(launch, missing, login_s, warning)
                     finished = await run_engine(backend, launch, facts)

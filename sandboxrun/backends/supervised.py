@@ -132,6 +132,9 @@ async def start_supervised(
     except BackendError as exc:
         client.close_channel(request.run_id)
         raise NotStarted("sandbox_error", str(exc)) from None
+    except BaseException:
+        client.close_channel(request.run_id)
+        raise
     stdio.sent()
     if spawned is not None:
         client.close_channel(request.run_id)

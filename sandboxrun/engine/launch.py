@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sandboxrun.engine.capture.pipes import FdPump, output_pipe
 from sandboxrun.engine.capture.spill import SpillDir, default_spill_root
 from sandboxrun.engine.capture.stream import Activity, StreamCapture
-from sandboxrun.engine.request import ExecRequest
+from sandboxrun.engine.request import ExecRequest, StdinStream
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,8 @@ class Stdio:
     def close(self) -> None:
         if self._pump is not None:
             self._pump.close_stdin()
+        elif isinstance(self.request.stdin, StdinStream):  # no command ever read it
+            self.request.stdin.abort()
         for fd in self._fds:
             with suppress(OSError):
                 os.close(fd)

@@ -50,6 +50,9 @@ class Verdict:
     supervisor's; None: the supervisor's are kept."""
     lost: tuple[str, ...] = ()
     """Guarantees claimed in the plan that this run did not get (moved to ``missing``)."""
+    via: str | None = None
+    """How the command really started, where it differs from the plan (docker: a recycle
+    between the plan and the start brought a supervisor, or took it away)."""
 
 
 class NotStarted(Exception):
@@ -152,6 +155,7 @@ def build(
         error=error,
         timeout_kind=sup.timeout_kind,
         lost=verdict.lost,
+        via=verdict.via,
     )
 
 
@@ -207,6 +211,7 @@ def finish_result(
     error: str | None = None,
     timeout_kind: TimeoutKind | None = None,
     lost: Sequence[str] = (),
+    via: str | None = None,
 ) -> ExecResult:
     """Assemble an ``ExecResult``. A ``timed_out`` one without ``timeout_kind`` hit the
     wall-clock deadline; ``lost``: guarantees of the plan the run did not get."""
@@ -242,7 +247,7 @@ def finish_result(
         isolation=isolation,
         missing_guarantees=missing,
         fallback_reason=facts.fallback_reason,
-        via=facts.via,
+        via=via or facts.via,
         survivors=term.survivors,
         argv=facts.argv,
         run_id=facts.run_id,

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sandboxrun import Limits, Policy, PolicyRefusedError, Sandbox
+from sandboxrun import ConfigError, Limits, Policy, PolicyRefusedError, Sandbox
 from sandboxrun.engine.launch import Launch
 from sandboxrun.testing import FakeBackend, Reply
 
@@ -18,8 +18,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_commands_get_their_scripted_outcome_and_are_recorded(tmp_path: Path) -> None:
-    async def respond(launch: Launch) -> Reply:  # an async responder is awaited
-        await anyio.sleep(0)
+    def respond(launch: Launch) -> Reply:
         return Reply(stdout=f"ran {launch.argv[0]} in {launch.cwd}\n", stderr=b"e", exit_code=2)
 
     fake = FakeBackend(respond)
@@ -81,3 +80,23 @@ async def test_a_closed_fake_runs_nothing(tmp_path: Path) -> None:
         with pytest.raises(Exception, match="not open"):
             await sb.exec(["true"])
     assert fake.launches == []
+
+
+@pytest.mark.parametrize("reply", [Reply(duration_s=30), Reply(spawn_errno=errno.ENOENT)])
+async def test_a_stdin_job_refuses_writes_at_once(tmp_path: Path, reply: Reply) -> None:
+    """A fake command reads no stdin (running, or never started): a write fails at once, as
+    to a command that closed its stdin, and never waits for the job's end."""
+    async with Sandbox(tmp_path, backend=FakeBackend(lambda launch: reply)) as sb:
+        job = await sb.start(["cat"], stdin=True)
+        with anyio.fail_after(5), pytest.raises(BrokenPipeError):
+            await job.write_stdin(b"x")
+        await job.kill()
+
+
+async def test_a_backend_object_cannot_be_escalated(tmp_path: Path) -> None:
+    """An escalation re-runs in a fresh sandbox: a backend object is this one's, never shared."""
+    async with Sandbox(tmp_path, backend=FakeBackend()) as sb:
+        request = sb.prepare(["true"])
+        with pytest.raises(ConfigError, match="backend by name"):
+            sb.escalated(request, Policy(network="on"))
+        assert (await sb.exec(["true"])).status == "completed"  # still open, still its own

@@ -10,6 +10,7 @@ TERM, grace, KILL until none is left (``docker_run``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -434,7 +435,7 @@ class DockerBackend:
     async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
         if self.client is None or self.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
-        if launch.via == "supervisor":
+        if self.supervisor is not None:  # as it is now (a recycle may have changed it)
             return await self._start_supervised(launch, stdio)
         run = DockerRun(self, launch, stdio.stdout, stdio.stderr)
         self.active.add(launch.request.run_id)  # visible to a recycle from now on
@@ -453,7 +454,8 @@ class DockerBackend:
         the container's death are read from the host (``finalize``), as is what of the run
         is left (``_verify``)."""
         supervisor, run_id = self.supervisor, launch.request.run_id
-        if supervisor is None or supervisor.dead or self.dying():
+        assert supervisor is not None
+        if supervisor.dead or self.dying():
             self.recycle_needed = True
             why = "the sandbox container is not running (it will be recreated)"
             raise NotStarted("sandbox_error", why)
@@ -475,13 +477,13 @@ class DockerBackend:
     async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
         if isinstance(handle, DockerRun):
             try:
-                return await handle.verdict(sup)
+                return dataclasses.replace(await handle.verdict(sup), via="engine")
             finally:
                 await anyio.to_thread.run_sync(handle.close)
         assert isinstance(handle, SupervisedRun)
         handle.close()
         try:
-            return self._supervised_verdict(handle, sup)
+            return dataclasses.replace(self._supervised_verdict(handle, sup), via="supervisor")
         finally:
             self.active.discard(handle.run_id)
 
@@ -553,6 +555,6 @@ class DockerBackend:
             while self.active:  # noqa: ASYNC110 - runs leave `active` in worker threads
                 await anyio.sleep(0.05)
             with anyio.CancelScope(shield=True):  # never half done: no container, or a leak
-                await self.close()
+                self.close_errors += await self.close()  # kept: the sandbox's close reports
                 await self.open()
             self.recycle_needed = False  # only now: a failed open is retried by the next exec
