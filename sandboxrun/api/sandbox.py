@@ -127,6 +127,8 @@ class Sandbox:
             pass_proxy=self._pass_proxy,
         )
         self._logins = Logins(login, login_shell, base=base, explicit=self._env)
+        self._base_env: dict[str, str] | None = None
+        """The environment of a command that adds no variables (``prepare``: built once)."""
         self._secrets = redact.SecretBook()
         """The secret values given to this sandbox: masked in the ``sandboxrun`` logger's
         records while it lives (``redact.LOG_MASK``)."""
@@ -345,12 +347,22 @@ class Sandbox:
         if prepend:
             join_path_prepend(prepend)
         explicit = {**self._env, **(env or {})}
-        built = build_env(
-            self._host_env,
-            explicit=explicit,
-            pass_through=[*self._pass_env, *pass_env],
-            pass_proxy=self._pass_proxy,
-        )
+        if env or pass_env:
+            built = build_env(
+                self._host_env,
+                explicit=explicit,
+                pass_through=[*self._pass_env, *pass_env],
+                pass_proxy=self._pass_proxy,
+            )
+        else:  # the sandbox's own environment, built once (its inputs never change)
+            if self._base_env is None:
+                self._base_env = build_env(
+                    self._host_env,
+                    explicit=explicit,
+                    pass_through=self._pass_env,
+                    pass_proxy=self._pass_proxy,
+                )
+            built = dict(self._base_env)
         try:
             timeout_s = self.limits.effective_timeout(timeout)
             limits = self.limits.with_idle_timeout(idle_timeout)
