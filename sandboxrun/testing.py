@@ -151,7 +151,7 @@ class FakeBackend:
             cwd=str(request.workdir),
             isolation=list(isolation),
             via="fake",
-            shown=argv,
+            describe=lambda: list(argv),
         )
 
     async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:

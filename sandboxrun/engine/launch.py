@@ -5,9 +5,9 @@ every descriptor is closed on every path (trio's two exit stacks, ``_subprocess.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sandboxrun.engine.capture.pipes import FdPump, output_pipe
 from sandboxrun.engine.capture.spill import SpillDir, default_spill_root
@@ -29,8 +29,13 @@ class Launch:
     """The guarantees that would really be enforced for it."""
     via: str
     """How it is started (``ExecResult.via``): supervisor, engine, scope."""
-    shown: list[str]
-    """The whole argv that would run it (``--dry-run``), before masking."""
+    describe: Callable[[], list[str]] = field(repr=False, compare=False)
+    """Makes ``shown`` (only ``--dry-run`` asks: not built for every command)."""
+
+    @property
+    def shown(self) -> list[str]:
+        """The whole argv that would run it (``--dry-run``), before masking."""
+        return self.describe()
 
 
 def captures(request: ExecRequest) -> tuple[StreamCapture, StreamCapture, Activity]:

@@ -390,14 +390,17 @@ class DockerBackend:
         isolation = cfg.isolation(
             self.policy, self.limits, self.user, shown=self.limits_shown, seccomp=self.seccomp
         )
-        shown = cfg.docker_exec_argv(
-            self.container_id or "<sandbox-container>",
-            command,
-            env=env,
-            workdir=cwd,
-            user=self.user,
-            interactive=request.stdin is not None,
-        )
+
+        def shown() -> list[str]:
+            return cfg.docker_exec_argv(
+                self.container_id or "<sandbox-container>",
+                command,
+                env=env,
+                workdir=cwd,
+                user=self.user,
+                interactive=request.stdin is not None,
+            )
+
         via = "supervisor" if self.supervisor is not None else "engine"
         return Launch(request, command, env, cwd, isolation, via, shown)
 

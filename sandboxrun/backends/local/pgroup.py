@@ -120,7 +120,7 @@ class ProcessGroupBackend:
             cwd=str(request.workdir),
             isolation=[*ISOLATION, *self._layers],
             via="supervisor",
-            shown=command,
+            describe=lambda: list(command),
         )
 
     def view(self) -> SandboxView:

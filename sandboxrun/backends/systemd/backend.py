@@ -335,7 +335,7 @@ class SystemdScopeBackend:
             cwd=str(request.workdir),
             isolation=self._isolation(request),
             via="scope",
-            shown=self._systemd_run_argv(request, command),
+            describe=lambda: self._systemd_run_argv(request, command),
         )
 
     def _systemd_run_argv(self, request: ExecRequest, inner: list[str]) -> list[str]:
