@@ -148,7 +148,7 @@ def command(request: ExecRequest, default_shell: str, *, local: bool = False) ->
     return list(request.argv) if direct else wrapped_argv(request.argv, shell=shell)
 
 
-def _utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -171,7 +171,7 @@ def exec_env(
     ``utf8_only``: snapshot entries that are not UTF-8 are left out (docker's JSON API)."""
     snap = request.snapshot
     assert snap is not None
-    env = {k: v for k, v in snap.env.items() if not utf8_only or _utf8(k + v)}
+    env = {k: v for k, v in snap.env.items() if not utf8_only or is_utf8(k + v)}
     for name, value in request.env.items():
         if name in request.explicit or (name not in drop and snap.base.get(name) != value):
             env[name] = value

@@ -15,7 +15,7 @@ from typing import Any
 
 from docker.types import Mount
 
-from sandboxrun.engine.argv import wrapper_env
+from sandboxrun.engine.argv import is_utf8, wrapper_env
 from sandboxrun.engine.env import redact
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.errors import ConfigError, EnvError, WorkspaceError
@@ -333,14 +333,6 @@ def printable(text: str, limit: int = 80) -> str:
     """``text`` for a message: bytes that are not UTF-8 as ``\\xNN``, long text cut."""
     out = os.fsencode(text).decode("utf-8", "backslashreplace")
     return out if len(out) <= limit else out[:limit] + "..."
-
-
-def is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_workspace_utf8(root: Path) -> None:
