@@ -23,6 +23,7 @@ from sandboxrun.api.joblog import MAX_LINES_BYTES, JobChunk, JobLines, JobLog, S
 from sandboxrun.engine.capture.redact import mask_model, redactor_for
 from sandboxrun.engine.capture.spill import SpillDir, default_spill_root
 from sandboxrun.engine.request import ExecRequest, Sink, StdinStream
+from sandboxrun.engine.results import RunFacts, unstarted
 from sandboxrun.models import BackendName, ExecResult, Policy, Status
 
 __all__ = ["MAX_ENDED_JOBS", "Job", "JobChunk", "JobLines", "JobLog", "JobStatus", "StreamName"]
@@ -207,14 +208,9 @@ class Job:
             self._finish(result or self._unrun(started, "the job ended without a result"))
 
     def _unrun(self, started: float, error: str, status: Status = "cancelled") -> ExecResult:
-        return ExecResult(
-            status=status,
-            duration_s=round(time.monotonic() - started, 6),
-            backend=self._backend,
-            argv=self.argv if self.argv is not None else [self.shell or ""],
-            run_id=self.id,
-            error=error,
-        )
+        argv = self.argv if self.argv is not None else [self.shell or ""]
+        facts = RunFacts(self._backend, argv, self.id, [], [], None)
+        return unstarted(facts, status, error, started)
 
     def _finish(self, result: ExecResult) -> None:
         if self._killed and result.status == "cancelled":

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sandboxrun.engine.capture.stream import StreamCapture
+from sandboxrun.engine.capture.stream import StreamCapture, StreamReport
 from sandboxrun.engine.supervise import Supervision, Termination
 from sandboxrun.models import BackendName, ExecResult, Status, TimeoutKind
 
@@ -148,7 +148,7 @@ def build(
         status=status,
         exit_code=exit_code,
         signal=sig,
-        duration_s=sup.duration_s,
+        duration_s=sup.duration_s + facts.login_s,
         stdout=stdout,
         stderr=stderr,
         termination=term,
@@ -173,7 +173,7 @@ def not_started(
         exit_code=exc.exit_code,
         stdout=stdout,
         stderr=stderr,
-        duration_s=time.monotonic() - started,
+        duration_s=time.monotonic() - started + facts.login_s,
         termination=Termination(survivors=exc.survivors),
         error=exc.error,
         lost=exc.lost,
@@ -181,20 +181,15 @@ def not_started(
 
 
 def unstarted(facts: RunFacts, status: Status, error: str, started: float) -> ExecResult:
-    """The result of a command that never reached a backend (``status``: why)."""
-    return ExecResult(
+    """The result of a command that never reached a backend (``status``: why; ``started``
+    before its login snapshot, so the duration has that time in it already)."""
+    return finish_result(
+        facts,
         status=status,
-        timed_out=status == "timed_out",
-        timeout_kind="wall" if status == "timed_out" else None,
-        duration_s=round(time.monotonic() - started, 6),
-        backend=facts.backend,
-        isolation=facts.isolation,
-        missing_guarantees=facts.missing,
-        fallback_reason=facts.fallback_reason,
-        argv=facts.argv,
-        run_id=facts.run_id,
+        stdout=None,
+        stderr=None,
+        duration_s=time.monotonic() - started,
         error=error,
-        warnings=list(facts.warnings),
     )
 
 
@@ -202,8 +197,8 @@ def finish_result(
     facts: RunFacts,
     *,
     status: Status,
-    stdout: StreamCapture,
-    stderr: StreamCapture,
+    stdout: StreamCapture | None,
+    stderr: StreamCapture | None,
     duration_s: float,
     exit_code: int | None = None,
     signal: str | None = None,
@@ -213,22 +208,26 @@ def finish_result(
     lost: Sequence[str] = (),
     via: str | None = None,
 ) -> ExecResult:
-    """Assemble an ``ExecResult``. A ``timed_out`` one without ``timeout_kind`` hit the
+    """Assemble an ``ExecResult``: the one constructor of every result (no captures: a command
+    that never started, with no output). A ``timed_out`` one without ``timeout_kind`` hit the
     wall-clock deadline; ``lost``: guarantees of the plan the run did not get."""
     term = termination or Termination()
     isolation = [g for g in facts.isolation if g not in lost] if lost else facts.isolation
     missing = [*facts.missing, *(n for n in lost if n not in facts.missing)]
-    for capture in (stdout, stderr):
+    captures = [c for c in (stdout, stderr) if c is not None]
+    for capture in captures:
         capture.keep_if_lossy()
-    out, err = stdout.report(), stderr.report()
-    warnings = [n for c in (stdout, stderr) for n in (c.spill_error, c.sink_error) if n]
+    empty = StreamReport("", 0, 0, False, None, True)
+    out = empty if stdout is None else stdout.report()
+    err = empty if stderr is None else stderr.report()
+    warnings = [n for c in captures for n in (c.spill_error, c.sink_error) if n]
     return ExecResult(
         status=status,
         exit_code=exit_code,
         signal=signal,
         timed_out=status == "timed_out",
         timeout_kind=(timeout_kind or "wall") if status == "timed_out" else None,
-        duration_s=round(duration_s + facts.login_s, 6),
+        duration_s=round(duration_s, 6),
         cpu_s=term.cpu_s,
         peak_rss_bytes=term.peak_rss_bytes,
         stdout=out.text,
