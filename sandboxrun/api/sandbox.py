@@ -119,16 +119,9 @@ class Sandbox:
         self._pass_proxy = pass_proxy
         self._path_prepend = list(path_prepend)
         self._host_env = dict(os.environ if host_env is None else host_env)
-        base = functools.partial(  # what prepare builds for a command without variables
-            build_env,
-            self._host_env,
-            explicit=self._env,
-            pass_through=self._pass_env,
-            pass_proxy=self._pass_proxy,
-        )
-        self._logins = Logins(login, login_shell, base=base, explicit=self._env)
         self._base_env: dict[str, str] | None = None
-        """The environment of a command that adds no variables (``prepare``: built once)."""
+        """The environment of a command that adds no variables (``_base``: built once)."""
+        self._logins = Logins(login, login_shell, base=self._base, explicit=self._env)
         self._secrets = redact.SecretBook()
         """The secret values given to this sandbox: masked in the ``sandboxrun`` logger's
         records while it lives (``redact.LOG_MASK``)."""
@@ -155,6 +148,18 @@ class Sandbox:
         """False for an escalation's re-run sandbox: it spills into its parent's directory."""
         if isinstance(backend, str) and backend != "auto":
             backends.check_name(backend)
+
+    def _base(self) -> dict[str, str]:
+        """What ``prepare`` builds for a command that adds no variables (a snapshot is taken
+        with it too): built once, its inputs never change; a copy each time."""
+        if self._base_env is None:
+            self._base_env = build_env(
+                self._host_env,
+                explicit=self._env,
+                pass_through=self._pass_env,
+                pass_proxy=self._pass_proxy,
+            )
+        return dict(self._base_env)
 
     @property
     def backend(self) -> backends.Backend:
@@ -354,15 +359,8 @@ class Sandbox:
                 pass_through=[*self._pass_env, *pass_env],
                 pass_proxy=self._pass_proxy,
             )
-        else:  # the sandbox's own environment, built once (its inputs never change)
-            if self._base_env is None:
-                self._base_env = build_env(
-                    self._host_env,
-                    explicit=explicit,
-                    pass_through=self._pass_env,
-                    pass_proxy=self._pass_proxy,
-                )
-            built = dict(self._base_env)
+        else:
+            built = self._base()
         try:
             timeout_s = self.limits.effective_timeout(timeout)
             limits = self.limits.with_idle_timeout(idle_timeout)
