@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -31,6 +31,16 @@ MIN_CPUS = 0.01
 """A hundredth of a CPU: docker's floor (``nano_cpus`` would round smaller values to 0, no limit
 at all) and systemd's (``CPUQuota=`` is in whole percent)."""
 MAX_GRACE_S = 600.0
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def replaced(model: Model, **changes: object) -> Model:
+    """``model`` with ``changes``, validated as a new one is: pydantic's ``model_copy`` checks
+    nothing in its ``update``, so a bad value would reach a run (``ValidationError`` names it
+    here instead). For inputs (policy, limits, configs); a finished result is rewritten by the
+    engine only (``sandboxrun.engine.results.amend``)."""
+    return type(model).model_validate({**model.__dict__, **changes})
 
 
 class Policy(BaseModel):
@@ -103,7 +113,7 @@ class Limits(BaseModel):
             checked = check_idle_timeout(float(idle_timeout_s))
         except ValueError as exc:
             raise ValueError(f"idle_timeout {exc}") from None
-        return self.model_copy(update={"idle_timeout_s": checked})
+        return replaced(self, idle_timeout_s=checked)
 
     @model_validator(mode="after")
     def _timeout_within_cap(self) -> Limits:

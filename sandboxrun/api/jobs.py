@@ -20,6 +20,7 @@ from typing import Any, Literal
 import anyio
 
 from sandboxrun.api.joblog import MAX_LINES_BYTES, JobChunk, JobLines, JobLog, StreamName
+from sandboxrun.engine import results
 from sandboxrun.engine.capture.redact import mask_model, redactor_for
 from sandboxrun.engine.capture.spill import SpillDir, default_spill_root
 from sandboxrun.engine.request import ExecRequest, Sink, StdinStream
@@ -214,10 +215,10 @@ class Job:
 
     def _finish(self, result: ExecResult) -> None:
         if self._killed and result.status == "cancelled":
-            result = result.model_copy(update={"error": "killed: Job.kill() ended the job"})
+            result = results.amend(result, error="killed: Job.kill() ended the job")
         if self.warnings or any(log.error for log in self.logs.values()):
             notes = [*self.warnings, *(log.error for log in self.logs.values() if log.error)]
-            result = result.model_copy(update={"warnings": [*result.warnings, *notes]})
+            result = results.amend(result, warnings=notes)
         # masked as every result is (a job that never ran too: its argv, its error text)
         self.result = mask_model(result, redactor_for(self._request), keep=(Policy,))
         self.ended_at = time.time()

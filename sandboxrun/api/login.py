@@ -38,7 +38,7 @@ from sandboxrun.engine.capture.redact import Redactor, redactor_for
 from sandboxrun.engine.env import RESERVED_PREFIX
 from sandboxrun.engine.request import ExecRequest, LoginMode, Sink, Snapshot
 from sandboxrun.errors import ConfigError
-from sandboxrun.models import ExecResult
+from sandboxrun.models import ExecResult, replaced
 
 log = logging.getLogger("sandboxrun")
 
@@ -330,8 +330,8 @@ def snapshot_request(
         workdir_rel=PurePosixPath("."),
         stdin=None,
         timeout_s=timeout,
-        limits=request.limits.model_copy(update={"spill_max": 0, "idle_timeout_s": None}),
-        policy=request.policy.model_copy(update={"mask_output": False}),
+        limits=replaced(request.limits, spill_max=0, idle_timeout_s=None),
+        policy=replaced(request.policy, mask_output=False),
         sink=sink,
         explicit=explicit,
         login="raw",

@@ -40,7 +40,7 @@ from sandboxrun.engine.request import ExecRequest, LoginMode, Sink, StdinStream
 from sandboxrun.engine.results import RunFacts
 from sandboxrun.engine.run import run as run_engine
 from sandboxrun.errors import ConfigError, PolicyRefusedError
-from sandboxrun.models import ExecResult, Limits, Policy, Status, required_guarantees
+from sandboxrun.models import ExecResult, Limits, Policy, Status, replaced, required_guarantees
 
 log = logging.getLogger("sandboxrun")
 
@@ -192,7 +192,7 @@ class Sandbox:
         where = self.spill_dir
         if where is None or request.limits.spill_dir == where:
             return request
-        limits = request.limits.model_copy(update={"spill_dir": where})
+        limits = replaced(request.limits, spill_dir=where)
         return dataclasses.replace(request, limits=limits)
 
     def context(self) -> backends.Context:
@@ -481,7 +481,7 @@ class Sandbox:
             request,
             stdin=None if isinstance(stdin, bool) else bytes(stdin),
             timeout_s=math.inf if timeout is None else request.timeout_s,
-            limits=request.limits.model_copy(update={"idle_timeout_s": idle_timeout}),
+            limits=replaced(request.limits, idle_timeout_s=idle_timeout),
         )
         backend = self.backend
         self._refuse(self.missing_guarantees(request))
@@ -563,7 +563,6 @@ class Sandbox:
         if not answer or self._closed is not None or self._backend is None:
             return result
         widened, again = self.escalated(request, found.escalate_to)
-        escalated_from = {"escalated_from": self.policy}
         scope, done = anyio.CancelScope(), anyio.Event()
         self._inflight[scope] = done
         rerun: ExecResult | None = None
@@ -577,10 +576,10 @@ class Sandbox:
             self.close_errors += widened.close_errors
         if rerun is None:  # aclose() cancelled the re-run: its cancelled result, if it started
             closed = widened.last_result or result
-            rerun = closed.model_copy(
-                update={"error": "cancelled: the sandbox was closed during the command"}
+            rerun = results.amend(
+                closed, error="cancelled: the sandbox was closed during the command"
             )
-        rerun = rerun.model_copy(update=escalated_from)
+        rerun = results.amend(rerun, escalated_from=self.policy)
         self.last_result = rerun
         return rerun
 
@@ -595,7 +594,7 @@ class Sandbox:
         except Exception:  # a diagnosis is a courtesy: the result stands without it
             log.debug("sandboxrun: diagnosing run %s failed", result.run_id, exc_info=True)
             return result
-        return result if found is None else result.model_copy(update={"denial": found})
+        return result if found is None else results.amend(result, denial=found)
 
     async def run_request(
         self, request: ExecRequest, scope: anyio.CancelScope | None = None
@@ -653,7 +652,7 @@ class Sandbox:
             # cancellation landed keeps its result as it is)
             unstarted = ("cancelled", "cancelled: the sandbox was closed during the command")
             if result is not None:
-                result = result.model_copy(update={"error": unstarted[1]})
+                result = results.amend(result, error=unstarted[1])
         if result is None:  # closed before the backend started anything, or NotRun
             result = results.unstarted(facts, *unstarted, started)
         result = self._masked(self._diagnose(result, request), request)

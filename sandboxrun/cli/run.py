@@ -56,9 +56,6 @@ OPTION_OF = {
     "pids": "--pids",
 }
 """The option behind a ``Limits`` field, for error messages."""
-REMOVED_SPILL = {"stdout_spill": None, "stderr_spill": None}
-"""``--json`` without ``--keep-spill``: the spill files are gone with the sandbox, so the
-result names none."""
 
 
 def _is_tty(fd: int) -> bool:
@@ -442,6 +439,7 @@ def run(
 
         from sandboxrun.api.sandbox import Sandbox
         from sandboxrun.cli.terminal import LiveWriter
+        from sandboxrun.engine import results
         from sandboxrun.models import Limits, Policy
 
         explicit = dict(parse_env_assignment(item) for item in env or [])
@@ -522,10 +520,10 @@ def run(
                         say(f"sandboxrun: warning: {message}")
                 if outcome is None:
                     _cancelled_before_start(json_out)
-                result = outcome.model_copy(update={"escalated_from": sb.policy})
+                result = results.amend(outcome, escalated_from=sb.policy)
                 shown_denial = False
         if sb.close_errors and json_out:  # --json readers learn of it too (stderr has it)
-            result = result.model_copy(update={"warnings": [*result.warnings, *sb.close_errors]})
+            result = results.amend(result, warnings=sb.close_errors)
     except (typer.Exit, SystemExit):
         raise
     except (Exception, KeyboardInterrupt) as exc:
@@ -538,7 +536,8 @@ def run(
             f"{', '.join(result.missing_guarantees)}"
         )
     if json_out:
-        shown = result if keep_spill else result.model_copy(update=REMOVED_SPILL)
+        # without --keep-spill the spill files are gone with the sandbox: the result names none
+        shown = result if keep_spill else results.amend(result, drop_spill=True)
         write_out((result_json(shown) + "\n").encode())  # valid UTF-8 whatever the locale
     else:
         for warning in result.warnings:

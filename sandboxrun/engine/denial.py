@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandboxrun.engine.paths import CONTAINER_ROOT, Workspace
-from sandboxrun.models import Denial, DenialKind, ExecResult, Limits, Policy
+from sandboxrun.models import Denial, DenialKind, ExecResult, Limits, Policy, replaced
 
 MAX_EVIDENCE = 300
 MAX_PATHS = 16
@@ -200,7 +200,7 @@ def describe_change(old: Policy, new: Policy) -> str:
 
 
 def _widen(policy: Policy, **update: str) -> Policy | None:
-    wider = policy.model_copy(update=update)
+    wider = replaced(policy, **update)
     return None if wider == policy else wider
 
 

@@ -1,6 +1,7 @@
 """The one place an ``ExecResult`` is assembled: from a run's facts, its supervision and the
-backend's verdict (``build``), or for a run that never began (``not_started``, ``unstarted``).
-Pure but for reading the captures' reports."""
+backend's verdict (``build``), or for a run that never began (``not_started``, ``unstarted``);
+and the one place a finished one is rewritten (``amend``, ``rewrite``). Pure but for reading
+the captures' reports."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from sandboxrun.engine.capture.stream import StreamCapture, StreamReport
 from sandboxrun.engine.supervise import Supervision, Termination
-from sandboxrun.models import BackendName, ExecResult, Status, TimeoutKind
+from sandboxrun.models import BackendName, Denial, ExecResult, Policy, Status, TimeoutKind
+
+Model = TypeVar("Model", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -253,3 +259,37 @@ def finish_result(
         error=error,
         warnings=[*warnings, *facts.warnings],
     )
+
+
+def amend(
+    result: ExecResult,
+    *,
+    error: str | None = None,
+    warnings: Sequence[str] = (),
+    denial: Denial | None = None,
+    escalated_from: Policy | None = None,
+    drop_spill: bool = False,
+) -> ExecResult:
+    """``result`` as what came after the run tells it: ``error`` replaced (how it was ended:
+    ``Job.kill()``, ``aclose()``), ``warnings`` appended, the ``denial`` diagnosed, the policy
+    it was ``escalated_from``, the spill paths dropped (``run --json`` removed the files). The
+    same object when nothing changes; status, exit and output are never rewritten."""
+    update: dict[str, Any] = {}
+    if error is not None:
+        update["error"] = error
+    if warnings:
+        update["warnings"] = [*result.warnings, *warnings]
+    if denial is not None:
+        update["denial"] = denial
+    if escalated_from is not None:
+        update["escalated_from"] = escalated_from
+    if drop_spill:
+        update["stdout_spill"] = update["stderr_spill"] = None
+    return rewrite(result, update)
+
+
+def rewrite(model: Model, update: dict[str, Any]) -> Model:
+    """``model`` (a result, or a model in one) with fields replaced by values already checked
+    (masked strings: ``sandboxrun.engine.capture.redact``); the same object when ``update`` is
+    empty."""
+    return model.model_copy(update=update) if update else model

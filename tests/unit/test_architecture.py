@@ -268,3 +268,42 @@ def test_the_old_paths_still_import(old: str, new: str, names: list[str]) -> Non
     before, after = importlib.import_module(old), importlib.import_module(new)
     for name in names:
         assert getattr(before, name) is getattr(after, name)
+
+
+RESULTS = "sandboxrun.engine.results"
+"""The one module that builds an ``ExecResult`` and rewrites a finished one."""
+
+
+def result_writes(source: str) -> list[str]:
+    """Where ``source`` builds an ``ExecResult`` or rewrites a model with ``model_copy(update=)``
+    (``models.replaced`` validates instead: inputs use it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "ExecResult":
+            found.append(f"{node.lineno}: ExecResult(...)")
+        elif (
+            isinstance(func, ast.Attribute)
+            and func.attr == "model_copy"
+            and (node.args or any(k.arg == "update" for k in node.keywords))
+        ):
+            found.append(f"{node.lineno}: .model_copy(update=...)")
+    return found
+
+
+def test_only_the_engine_builds_or_rewrites_a_result() -> None:
+    found = {
+        name: writes
+        for name, path in modules().items()
+        if name != RESULTS and (writes := result_writes(path.read_text()))
+    }
+    assert found == {}
+    assert result_writes(modules()[RESULTS].read_text())  # and it does (the check can see it)
+
+
+def test_a_result_written_elsewhere_is_found() -> None:
+    source = "r = ExecResult(status='completed')\nr = r.model_copy(update={'error': 'x'})\n"
+    assert result_writes(source) == ["1: ExecResult(...)", "2: .model_copy(update=...)"]
+    assert result_writes("r = r.model_copy()\nreplaced(limits, max_output=1)\n") == []

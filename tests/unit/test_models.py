@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from sandboxrun import ExecError, ExecResult, Limits, Policy
 from sandboxrun.cli.report import exit_status
-from sandboxrun.engine.results import decode_wait_status
+from sandboxrun.engine.results import amend, decode_wait_status
 from sandboxrun.engine.sanitize import TerminalSanitizer
 from sandboxrun.errors import ConfigError
-from sandboxrun.models import required_guarantees
+from sandboxrun.models import replaced, required_guarantees
 from sandboxrun.units import parse_size
 
 
@@ -153,3 +153,29 @@ def test_sanitizer_output_has_no_escape_and_is_chunking_independent(chunks: list
     assert got == expected
     assert b"\x1b" not in got
     assert not any(b < 0x20 and b not in (0x09, 0x0A) for b in got)
+
+
+def test_replaced_validates_what_model_copy_would_let_through() -> None:
+    limits = Limits(timeout_s=5, max_timeout_s=10)
+    assert replaced(limits, max_output=128).max_output == 128
+    assert limits.max_output != 128  # the original is untouched
+    with pytest.raises(ValidationError, match="timeout_s"):
+        replaced(limits, timeout_s=60)  # above the cap: refused as a new Limits would be
+    with pytest.raises(ValidationError):
+        replaced(limits, max_output=-1)
+    with pytest.raises(ValidationError):
+        replaced(Policy(), no_such_field=True)
+    assert replaced(Policy(), mask_output=False).mask_output is False
+
+
+def test_amend_rewrites_only_what_it_is_given() -> None:
+    ok = result(warnings=["w1"], stdout_spill="/s/out", stderr_spill="/s/err")
+    assert amend(ok) is ok  # nothing to say: the same object
+    assert amend(ok, warnings=[]) is ok
+    told = amend(ok, error="killed", warnings=["w2"], escalated_from=Policy(), drop_spill=True)
+    assert told.error == "killed"
+    assert told.warnings == ["w1", "w2"]
+    assert told.escalated_from == Policy()
+    assert told.stdout_spill is None and told.stderr_spill is None
+    assert (told.status, told.exit_code, told.stdout) == (ok.status, ok.exit_code, ok.stdout)
+    assert ok.error is None and ok.warnings == ["w1"] and ok.stdout_spill == "/s/out"

@@ -38,7 +38,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandboxrun.engine.env import is_secret_name
@@ -263,15 +263,19 @@ def mask_model(model: Model, redactor: Redactor | None, *, keep: tuple[type, ...
     when nothing changed."""
     if redactor is None:
         return model
-    masked = _masked(model, redactor, keep)
+    from sandboxrun.engine.results import rewrite  # (not at import: the CLI's start stays light)
+
+    masked = _masked(model, redactor, keep, rewrite)
     return model if masked is model else masked  # type: ignore[no-any-return]
 
 
-def _masked(value: Any, redactor: Redactor, keep: tuple[type, ...]) -> Any:
+def _masked(
+    value: Any, redactor: Redactor, keep: tuple[type, ...], rewrite: Callable[[Any, Any], Any]
+) -> Any:
     if isinstance(value, str):
         return redactor.mask_text(value)
     if isinstance(value, list | tuple):
-        items = [_masked(item, redactor, keep) for item in value]
+        items = [_masked(item, redactor, keep, rewrite) for item in value]
         if all(new is old for new, old in zip(items, value, strict=True)):
             return value
         return type(value)(items)
@@ -281,10 +285,10 @@ def _masked(value: Any, redactor: Redactor, keep: tuple[type, ...]) -> Any:
     update = {}
     for name in fields:
         old = getattr(value, name)
-        new = _masked(old, redactor, keep)
+        new = _masked(old, redactor, keep, rewrite)
         if new is not old:
             update[name] = new
-    return value.model_copy(update=update) if update else value
+    return rewrite(value, update)
 
 
 class SecretBook:

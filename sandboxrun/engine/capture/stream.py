@@ -18,14 +18,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import anyio
 
 from sandboxrun.engine.capture.buffer import HeadTailBuffer
-from sandboxrun.engine.capture.redact import Redactor
 from sandboxrun.engine.capture.spill import SpillDir, SpillFile
 from sandboxrun.errors import ConfigError
+
+if TYPE_CHECKING:  # (redact rewrites results: engine.results imports this module)
+    from sandboxrun.engine.capture.redact import Redactor
 
 StreamName = Literal["stdout", "stderr"]
 Sink = Callable[[str, bytes], None]

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandboxrun.errors import ConfigError
-from sandboxrun.models import Access, Limits, Network, Policy
+from sandboxrun.models import Access, Limits, Network, Policy, replaced
 from sandboxrun.units import parse_size
 
 NO_TIMEOUT_S = 30 * 86400.0
@@ -134,7 +134,7 @@ def parse_config(data: Any, *, base: Path | None = None) -> SandboxrunConfig:
         path = Path(config.workspace).expanduser()
         if not path.is_absolute() and base is not None:
             path = base / path
-        config = config.model_copy(update={"workspace": str(path)})
+        config = replaced(config, workspace=str(path))
     config.limits()  # every field checked now, not at the first sample
     return config
 

@@ -67,6 +67,7 @@ from sandboxrun.integrations.inspect.mapping import (
     user_verdict,
     with_wrapper,
 )
+from sandboxrun.models import replaced
 
 log = logging.getLogger("sandboxrun")
 
@@ -306,7 +307,7 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
             stdin=stdin,
         )
         # inspect's limit (a context variable: it may differ per call) is what is kept
-        limits = request.limits.model_copy(update={"max_output": max(limit, 64)})
+        limits = replaced(request.limits, max_output=max(limit, 64))
         return dataclasses.replace(request, limits=limits)
 
     async def _passwd(self, user: str) -> dict[str, int]:
