@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine with Python 3.11+: creates .venv, installs sandboxrun
 # with its dev extras, builds the sandbox image when a Docker engine is reachable (offline, from
-# the host's apt sources; reused when present), then runs ruff, mypy (strict) and pytest, and
-# the systemd-scope tests inside a container booted with systemd (scripts/systemd-host.sh).
+# the host's apt sources; reused when present), then runs ruff, mypy (strict) and pytest, and,
+# alongside pytest, the systemd-scope tests inside a container booted with systemd
+# (scripts/systemd-host.sh).
 # Extra arguments go to pytest. SANDBOXRUN_REQUIRE_BACKENDS=docker,... turns a backend's
 # "unavailable" into a failure instead of a skip (CI sets it).
 set -euo pipefail
@@ -34,12 +35,29 @@ echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
 # Here systemd is not PID 1 (as a rule): systemd-scope is required in its test host below.
 outer=$(echo ",${SANDBOXRUN_REQUIRE_BACKENDS:-}," | sed 's/,systemd-scope,/,/; s/^,*//; s/,*$//')
-echo "== pytest"; SANDBOXRUN_REQUIRE_BACKENDS=$outer .venv/bin/pytest "$@"
 
-# The systemd-scope backend on a real systemd: a container booted with systemd as PID 1.
+# The systemd-scope backend on a real systemd: a container booted with systemd as PID 1. It runs
+# alongside pytest (two suites, two cores); its log is printed when it ends.
+host_pid=""; host_log=$(mktemp)
+stop_host() {  # on an early exit: the host container (labelled with its script's pid) and the script
+  if [ -n "$host_pid" ]; then
+    docker ps -aq --filter "label=sandboxrun.test-host.owner_pid=$host_pid" | xargs -r docker rm -f >/dev/null 2>&1 || true
+    kill -TERM "$host_pid" 2>/dev/null || true
+  fi
+  rm -f "$host_log"
+}
+trap stop_host EXIT
 if docker info >/dev/null 2>&1; then
-  echo "== systemd test host"
-  rc=0; bash scripts/systemd-host.sh -p no:cacheprovider || rc=$?
+  echo "== systemd test host (in the background, alongside pytest)"
+  bash scripts/systemd-host.sh -p no:cacheprovider >"$host_log" 2>&1 &
+  host_pid=$!
+fi
+
+echo "== pytest"; rc_pytest=0; SANDBOXRUN_REQUIRE_BACKENDS=$outer .venv/bin/pytest "$@" || rc_pytest=$?
+
+if [ -n "$host_pid" ]; then
+  rc=0; wait "$host_pid" || rc=$?; host_pid=""
+  echo "== systemd test host"; cat "$host_log"
   if [ "$rc" = 3 ] && [[ ",${SANDBOXRUN_REQUIRE_BACKENDS:-}," != *,systemd-scope,* ]]; then
     echo "warning: no systemd test host here: the systemd-scope tests are skipped" >&2
   elif [ "$rc" != 0 ]; then
@@ -51,3 +69,4 @@ else
     *) echo "warning: no Docker engine: the systemd-scope tests (run in a systemd test host) are skipped" >&2 ;;
   esac
 fi
+exit "$rc_pytest"
