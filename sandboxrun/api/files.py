@@ -7,17 +7,17 @@ backends); ``~`` is the sandbox's ``HOME``. A workspace path may not leave the w
 
 How a file is reached, best first:
 
-* the sandbox's supervisor (``_runner.py``: process-group's runner, systemd-scope's namespace
-  holder, docker's in-container runner when the backend has one) opens the path itself: it
+* the sandbox's supervisor (``supervisor/runner.py``: process-group's runner, systemd-scope's
+  namespace holder, docker's in-container runner when the backend has one) opens the path: it
   resolves in the sandbox's view, with the sandbox's credentials, Landlock and masks; it passes
   the fd back and the I/O happens here (in a worker thread);
 * without one, workspace paths are opened here below the workspace's host directory with
-  ``_runner.open_beneath`` (no symlink is ever followed by the kernel), honouring a read-only
-  policy and the masks; other paths: on a local backend (no namespaces: the sandbox sees this
-  host's files) with ``files_paths.open_host`` (symlinks resolved here; a walk that reaches
-  the workspace goes on beneath it), writes refused outside the workspace unless the policy is
-  ``danger-full-access``; on a local docker engine through ``/proc/<init>/root`` of the
-  container (``open_beneath(in_root=True)``: its symlinks stay in it; never its /proc, /sys,
+  ``supervisor.safeopen.open_beneath`` (no symlink is ever followed by the kernel),
+  honouring a read-only policy and the masks; other paths: on a local backend (no namespaces:
+  the sandbox sees this host's files) with ``files_paths.open_host`` (the same walk; one that
+  reaches the workspace goes on beneath it), writes refused outside the workspace unless the
+  policy is ``danger-full-access``; on a local docker engine through ``/proc/<init>/root``
+  of the container (``open_beneath(in_root=True)``: its symlinks stay in it; never its /proc, /sys,
   /dev); on a remote engine through the engine's archive API (which cannot reach the tmpfs
   mounts ``/tmp`` and ``HOME``). No file of a kernel file system (procfs, sysfs...) is ever
   opened from this host: ``/proc/self`` would be this process.
@@ -71,10 +71,10 @@ from sandboxrun.errors import (
     SandboxNotADirectoryError,
     SandboxPermissionError,
 )
-from sandboxrun.supervisor.runner import MAX_HOPS, open_beneath
+from sandboxrun.supervisor.safeopen import MAX_HOPS, open_beneath
 
 if TYPE_CHECKING:
-    from sandboxrun.backends.base import Backend, ContainerAccess
+    from sandboxrun.backends.base import Archive, Backend, ContainerAccess
     from sandboxrun.backends.client import RunnerClient
     from sandboxrun.engine.paths import Workspace
     from sandboxrun.models import Policy
@@ -304,11 +304,11 @@ class SandboxFiles:
         return fd
 
     # -- a remote docker engine: the archive API ---------------------------------------------
-    def _api(self) -> tuple[Any, str]:
+    def _archive(self) -> Archive:
         access = self.container
-        if access.client is None or access.container_id is None:
+        if access.archive is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
-        return access.client.api, access.container_id
+        return access.archive
 
     def _reachable(self, target: Target, path: str) -> None:
         for mount in ("/tmp", self.home):  # noqa: S108 - the container's tmpfs mounts
@@ -320,39 +320,38 @@ class SandboxFiles:
                     target.shown,
                 )
 
-    def _archive_head(self, api: Any, cid: str, path: str, target: Target) -> dict[str, Any]:
+    @staticmethod
+    def _archive_head(archive: Archive, path: str, target: Target) -> dict[str, Any]:
         """The engine's stat of ``path`` (a last symlink not followed); {} when missing."""
-        import docker.errors
-        from docker import utils
-
         try:
-            res = api.head(api._url("/containers/{0}/archive", cid), params={"path": path})
-            if res.status_code == 404:
-                return {}
-            api._raise_for_status(res)
-        except docker.errors.APIError as exc:
-            why = exc.explanation or exc
-            raise SandboxFileError(f"cannot reach {target.shown!r}: {why}", target.shown) from None
-        header = res.headers.get("x-docker-container-path-stat")
-        return dict(utils.decode_json_header(header)) if header else {"mode": 0}
+            return archive.stat(path) or {}
+        except BackendError as exc:
+            raise SandboxFileError(f"cannot reach {target.shown!r}: {exc}", target.shown) from None
+
+    @staticmethod
+    def _archive_get(archive: Archive, path: str, target: Target) -> Any:
+        try:
+            return archive.get(path)
+        except BackendError as exc:
+            raise SandboxFileError(f"cannot reach {target.shown!r}: {exc}", target.shown) from None
 
     def _archive_resolve(
         self, target: Target, doing: str, *, may_miss: bool = False
-    ) -> tuple[Any, str, str, dict[str, Any]]:
-        """``(api, cid, path, stat)``: ``target`` with every symlink resolved, one component
+    ) -> tuple[Archive, str, dict[str, Any]]:
+        """``(archive, path, stat)``: ``target`` with every symlink resolved, one component
         at a time (the engine says where each link leads, in the container's scope), so that
         a workspace path leading out of the workspace is refused as ``open_beneath`` does.
         ``may_miss``: a missing last component is fine (its stat is {}: a file to create)."""
-        api, cid = self._api()
+        archive = self._archive()
         done, todo, hops = "/", [p for p in target.path.split("/") if p], 0
         info: dict[str, Any] = {}
         while todo:
             path = posixpath.join(done, todo.pop(0))
             self._reachable(target, path)
-            info = self._archive_head(api, cid, path, target)
+            info = self._archive_head(archive, path, target)
             if not info:
                 if may_miss and not todo:
-                    return api, cid, path, info
+                    return archive, path, info
                 raise file_error(OSError(errno.ENOENT, os.strerror(errno.ENOENT)), target, doing)
             mode, link = int(info.get("mode", 0)), str(info.get("linkTarget") or "")
             if mode & GO_SYMLINK and link:
@@ -367,10 +366,10 @@ class SandboxFiles:
             if todo and not mode & GO_DIR:
                 raise file_error(OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), target, doing)
             done = path
-        return api, cid, done, info
+        return archive, done, info
 
     def _archive_read(self, target: Target, max_bytes: int) -> bytes:
-        api, cid, path, info = self._archive_resolve(target, "read")
+        archive, path, info = self._archive_resolve(target, "read")
         mode, size = int(info.get("mode", 0)), int(info.get("size", 0))
         if mode & GO_DIR or path == "/":
             raise SandboxIsADirectoryError(
@@ -382,7 +381,7 @@ class SandboxFiles:
             )
         if size > max_bytes:
             raise SandboxFileTooLargeError(target.shown, size, max_bytes)
-        stream, _ = api.get_archive(cid, path)
+        stream = self._archive_get(archive, path, target)
         try:
             reader = ChunkReader(stream, size + (1 << 20))  # the tar's headers and padding
             with tarfile.open(fileobj=reader, mode="r|") as tar:
@@ -407,9 +406,7 @@ class SandboxFiles:
     def _archive_write(
         self, target: Target, data: bytes | bytearray | memoryview, mode: int
     ) -> None:
-        import docker.errors
-
-        api, cid, path, found = self._archive_resolve(target, "write", may_miss=True)
+        archive, path, found = self._archive_resolve(target, "write", may_miss=True)
         if int(found.get("mode", 0)) & GO_DIR or path == "/":
             raise SandboxIsADirectoryError(
                 f"cannot write {target.shown!r}: it is a directory", target.shown, errno.EISDIR
@@ -427,20 +424,18 @@ class SandboxFiles:
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             tar.addfile(info, io.BytesIO(bytes(data)))
         try:
-            api.put_archive(cid, parent, buffer.getvalue())
-        except docker.errors.APIError as exc:
+            archive.put(parent, buffer.getvalue())
+        except BackendError as exc:
             cls = SandboxPermissionError if "read-only" in str(exc) else SandboxFileError
-            raise cls(
-                f"cannot write {target.shown!r}: {exc.explanation or exc}", target.shown
-            ) from None
+            raise cls(f"cannot write {target.shown!r}: {exc}", target.shown) from None
 
     def _archive_list(self, target: Target, max_entries: int) -> list[DirEntry]:
-        api, cid, path, info = self._archive_resolve(target, "list")
+        archive, path, info = self._archive_resolve(target, "list")
         if not int(info.get("mode", 0)) & GO_DIR and path != "/":
             raise SandboxNotADirectoryError(
                 f"cannot list {target.shown!r}: not a directory", target.shown, errno.ENOTDIR
             )
-        stream, _ = api.get_archive(cid, path)
+        stream = self._archive_get(archive, path, target)
         entries: list[DirEntry] = []
         try:
             with tarfile.open(fileobj=ChunkReader(stream, ARCHIVE_LIST_CAP), mode="r|") as tar:

@@ -26,7 +26,8 @@ from sandboxrun.errors import (
     SandboxrunError,
     WorkspaceError,
 )
-from sandboxrun.supervisor.runner import MAX_HOPS, special
+from sandboxrun.supervisor.runner import special
+from sandboxrun.supervisor.safeopen import open_beneath
 
 DEFAULT_MAX_BYTES = 16 << 20
 """``read_file``'s default cap: 16 MiB."""
@@ -276,74 +277,12 @@ def open_host(
     path: str, flags: int, mode: int, workspace: str, enter: Callable[[str], tuple[int, bool]]
 ) -> tuple[int, bool]:
     """Open the absolute host ``path`` as ``open(2)`` would, but resolving each symlink here
-    (``O_NOFOLLOW`` on every component, so no magic link of /proc is followed by the kernel).
-    When the walk reaches the ``workspace`` directory (by its device and inode: through a
-    symlink, ``/proc/<pid>/cwd``...), the rest of the path is handed to ``enter`` (relative to
-    the workspace, ``"."`` for itself): the sandbox writes there, so its symlinks are judged
-    beneath it. ``flags`` get O_CLOEXEC, O_NOCTTY and O_NONBLOCK. Returns ``(fd, created)``."""
-    flags |= os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    (``supervisor.safeopen``: ``O_NOFOLLOW`` on every component, so no magic link of /proc is
+    followed by the kernel). When the walk reaches the ``workspace`` directory (by its device
+    and inode: through a symlink, ``/proc/<pid>/cwd``...), the rest of the path is handed to
+    ``enter`` (relative to the workspace, ``"."`` for itself): the sandbox writes there, so its
+    symlinks are judged beneath it. Returns ``(fd, created)``."""
     ws = os.stat(workspace)  # noqa: PTH116 - its device and inode
-    stack = [os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
-    todo = [p for p in path.split("/") if p not in ("", ".")]
-    hops = 0
-    try:
-        while True:
-            here = os.fstat(stack[-1])
-            if (here.st_dev, here.st_ino) == (ws.st_dev, ws.st_ino):
-                return enter("/".join(todo) or ".")
-            if not todo:
-                return os.open(".", flags & ~os.O_CREAT, mode, dir_fd=stack[-1]), False
-            name = todo.pop(0)
-            if name == "..":
-                if len(stack) > 1:
-                    os.close(stack.pop())
-                continue
-            if todo:
-                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
-                kind = os.fstat(fd).st_mode
-                if stat.S_ISDIR(kind):
-                    stack.append(fd)
-                    continue
-                os.close(fd)
-                if not stat.S_ISLNK(kind):
-                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-                link = os.readlink(name, dir_fd=stack[-1])
-            else:
-                opened = open_last(name, flags, mode, stack[-1])
-                if isinstance(opened, tuple):
-                    return opened
-                link = opened
-            hops += 1
-            if hops > MAX_HOPS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-            if link.startswith("/"):
-                while len(stack) > 1:
-                    os.close(stack.pop())
-            todo = [p for p in link.split("/") if p not in ("", ".")] + todo
-    finally:
-        for held in stack:
-            os.close(held)
-
-
-def open_last(name: str, flags: int, mode: int, dir_fd: int) -> tuple[int, bool] | str:
-    """The last component of ``open_host``: ``(fd, created)``, or the target of the symlink
-    found there (to walk on; a file created meanwhile by another is walked again too)."""
-    plain = flags & ~(os.O_CREAT | os.O_EXCL) | os.O_NOFOLLOW
-    try:
-        return os.open(name, plain, mode, dir_fd=dir_fd), False
-    except FileNotFoundError:
-        if not flags & os.O_CREAT:
-            raise
-        try:
-            return os.open(name, flags | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd), True
-        except FileExistsError:
-            if flags & os.O_EXCL:
-                raise
-            return name  # it appeared meanwhile: open it again (bounded by the hops)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        try:  # O_NOFOLLOW met a symlink (ELOOP; ENOTDIR under O_DIRECTORY)
-            return os.readlink(name, dir_fd=dir_fd)
-        except OSError:
-            raise exc from None
+    return open_beneath(
+        "/", path, flags, mode, in_root=True, stop_at=(ws.st_dev, ws.st_ino), enter=enter
+    )

@@ -22,6 +22,24 @@ from sandboxrun.models import BackendName, Limits, Policy
 log = logging.getLogger("sandboxrun")
 
 
+class Archive(Protocol):
+    """A container's files through its engine's archive API (``backends.docker.api.Archive``):
+    ``BackendError`` with the engine's words when it fails."""
+
+    def stat(self, path: str) -> dict[str, Any] | None:
+        """``mode``, ``size``, ``linkTarget`` of ``path`` (a last symlink not followed); None
+        when missing."""
+        ...
+
+    def get(self, path: str) -> Any:
+        """A tar stream of ``path``, with ``read`` and ``close``."""
+        ...
+
+    def put(self, directory: str, tar: bytes) -> None:
+        """Unpack ``tar`` into ``directory``."""
+        ...
+
+
 @dataclass(frozen=True)
 class ContainerAccess:
     """How the files API reaches a container sandbox without its supervisor."""
@@ -31,8 +49,8 @@ class ContainerAccess:
     """The container's PID 1 on this host (its ``/proc/<pid>/root``), when the engine is local."""
     local: bool
     """The engine runs on this host (else only the archive API reaches the files)."""
-    client: Any
-    """The docker SDK client (None once closed): the archive API, on this client only."""
+    archive: Archive | None
+    """The engine's archive API on this container (None once closed)."""
     user: str
     """``uid:gid`` the sandbox's commands run as (files made for it are given to it)."""
 

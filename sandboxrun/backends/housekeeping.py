@@ -13,9 +13,9 @@ import subprocess
 from dataclasses import dataclass
 
 import psutil
-from docker import DockerClient
 
 from sandboxrun.backends.docker import api as dockerapi
+from sandboxrun.backends.docker.api import Client as DockerClient
 from sandboxrun.backends.docker.config import LABEL
 from sandboxrun.backends.systemd import config as systemd_config
 from sandboxrun.errors import BackendError
@@ -45,10 +45,7 @@ def owner_alive(labels: dict[str, str], *, host: str | None = None) -> bool:
 
 
 def list_managed(client: DockerClient) -> list[Managed]:
-    found = dockerapi.retrying(
-        lambda: client.api.containers(all=True, filters={"label": f"{LABEL}=true"}),
-        what="list managed containers",
-    )
+    found = dockerapi.list_labelled(client, f"{LABEL}=true")
     rows = []
     for item in found:
         labels = dict(item.get("Labels") or {})
@@ -68,10 +65,8 @@ def list_managed(client: DockerClient) -> list[Managed]:
 
 
 def remove(client: DockerClient, container_id: str) -> None:
-    dockerapi.retrying(
-        lambda: client.api.remove_container(container_id, force=True, v=True),
-        what=f"remove container {container_id[:12]}",
-    )
+    """Force-remove a managed container (``dockerapi.NotFoundError``: gone already)."""
+    dockerapi.remove_now(client, container_id)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from sandboxrun.cli.report import EXIT_USAGE, fail, say
 from sandboxrun.errors import BackendError, ConfigError, SandboxUnavailableError
 
 if TYPE_CHECKING:
-    from docker import DockerClient
+    from sandboxrun.backends.docker.api import Client as DockerClient
 
 
 def layer_rows() -> list[dict[str, object]]:

@@ -19,15 +19,11 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-import docker.errors
-import docker.utils
-import requests.exceptions
-
 from sandboxrun.backends.docker import api as dockerapi
+from sandboxrun.backends.docker.api import Client as DockerClient
 from sandboxrun.backends.docker.config import BASE_IMAGE, BASE_REPO, VERSION
 from sandboxrun.errors import BackendError, ConfigError
 from sandboxrun.image.aptsources import os_release_codename, parse_deb822, parse_one_line, pick_base
@@ -101,18 +97,11 @@ def host_source(etc: Path = Path("/etc")) -> tuple[str, str]:
     return chosen.uri, chosen.suite
 
 
-def _inspect(client: docker.DockerClient, ref: str) -> dict[str, object] | None:
-    try:
-        found: dict[str, object] = dockerapi.retrying(
-            lambda: client.api.inspect_image(ref),  # type: ignore[no-untyped-call]
-            what=f"inspect image {ref}",
-        )
-    except docker.errors.NotFound:
-        return None
-    return found
+def _inspect(client: DockerClient, ref: str) -> dict[str, object] | None:
+    return dockerapi.inspect_image(client, ref)
 
 
-def image_exists(client: docker.DockerClient, ref: str) -> bool:
+def image_exists(client: DockerClient, ref: str) -> bool:
     return _inspect(client, ref) is not None
 
 
@@ -170,7 +159,7 @@ def bootstrap(progress: Progress, *, force: bool = False, etc: Path = Path("/etc
 
 
 def _debootstrap(
-    client: docker.DockerClient, progress: Progress, tool: str, mirror: str, suite: str
+    client: DockerClient, progress: Progress, tool: str, mirror: str, suite: str
 ) -> None:
     work = Path(tempfile.mkdtemp(prefix="sandboxrun-bootstrap-", dir="/var/tmp"))
     try:
@@ -197,11 +186,12 @@ def _debootstrap(
         if code != 0:
             raise BackendError(f"tar failed with exit code {code}")
         progress.phase(f"importing it as {BOOTSTRAP_REPO}:{suite}")
-        dockerapi.once(
-            lambda: client.api.import_image_from_file(
-                str(tarball), repository=BOOTSTRAP_REPO, tag=suite, changes=['CMD ["/bin/bash"]']
-            ),
-            what="import the bootstrap image",
+        dockerapi.import_image(
+            client,
+            str(tarball),
+            repository=BOOTSTRAP_REPO,
+            tag=suite,
+            changes=['CMD ["/bin/bash"]'],
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -210,12 +200,10 @@ def _debootstrap(
 # -- the build ------------------------------------------------------------------------------------
 
 
-def default_base(client: docker.DockerClient) -> str:
+def default_base(client: DockerClient) -> str:
     """The bootstrap image when one exists (no registry needed), else the Dockerfile default."""
-    for image in client.images.list(name=BOOTSTRAP_REPO):
-        if image.tags:
-            return str(image.tags[0])
-    return "debian:bookworm-slim"
+    tags = dockerapi.image_tags(client, BOOTSTRAP_REPO)
+    return tags[0] if tags else "debian:bookworm-slim"
 
 
 def context_files(context: Path) -> Iterator[tuple[str, bool, bytes]]:
@@ -249,26 +237,21 @@ def probe_builder() -> Builder:
     return choose_builder(docker_cli, buildx, os.environ)
 
 
-def _base_id(client: docker.DockerClient, ref: str, progress: Progress) -> str:
+def _base_id(client: DockerClient, ref: str, progress: Progress) -> str:
     """The base's image id, pulling it first when it is not on the engine."""
     found = _inspect(client, ref)
     if found is None:
         progress.phase(f"pulling the base {ref}")
         try:
-            for chunk in client.api.pull(ref, stream=True, decode=True):
+            for chunk in dockerapi.pull(client, ref):
                 status = " ".join(str(chunk.get(k, "")) for k in ("id", "status", "progress"))
                 _feed(progress, None, status.strip())
                 if "error" in chunk:
                     raise BackendError(str(chunk["error"]))
-        except (
-            BackendError,
-            docker.errors.DockerException,
-            requests.exceptions.RequestException,
-        ) as exc:
-            explanation = getattr(exc, "explanation", None) or exc
+        except BackendError as exc:
             raise BackendError(
                 f"the base image {ref} is not on this Docker engine and cannot be pulled "
-                f"({explanation}): pull, load or build it, or build on the offline bootstrap "
+                f"({exc}): pull, load or build it, or build on the offline bootstrap "
                 "(sandboxrun image bootstrap, then image build without --base)"
             ) from exc
         found = _inspect(client, ref)
@@ -329,10 +312,9 @@ def _labels(inspected: dict[str, object] | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
 
-def _alias(client: docker.DockerClient, tag: str, aliases: list[str]) -> None:
+def _alias(client: DockerClient, tag: str, aliases: list[str]) -> None:
     for alias in aliases:
-        repo, name = docker.utils.parse_repository_tag(alias)
-        dockerapi.retrying(partial(client.api.tag, tag, repo, name), what=f"tag {tag} as {alias}")
+        dockerapi.tag_image(client, tag, alias)
 
 
 def _failed(parser: LegacyPhases | BuildKitPhases, error: str) -> BackendError:
@@ -341,12 +323,13 @@ def _failed(parser: LegacyPhases | BuildKitPhases, error: str) -> BackendError:
 
 
 def _build_legacy(
-    client: docker.DockerClient, progress: Progress, tag: str, context: Path, wanted: Recorded
+    client: DockerClient, progress: Progress, tag: str, context: Path, wanted: Recorded
 ) -> None:
     parser, lines = LegacyPhases(), LineSplitter()
     error: str | None = None
     try:
-        stream = client.api.build(
+        stream = dockerapi.build(
+            client,
             path=str(context),
             tag=tag,
             buildargs={"BASE_IMAGE": wanted.base},
@@ -354,7 +337,6 @@ def _build_legacy(
             pull=False,
             rm=True,
             forcerm=True,
-            decode=True,
             timeout=BUILD_READ_TIMEOUT_S,
         )
         for chunk in stream:
@@ -362,7 +344,7 @@ def _build_legacy(
                 error = str(chunk["error"]).strip()
             for line in lines.feed(str(chunk.get("stream") or chunk.get("status") or "")):
                 _feed(progress, parser, line)
-    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+    except BackendError as exc:
         error = f"docker: {exc}"
     for line in lines.flush():
         _feed(progress, parser, line)

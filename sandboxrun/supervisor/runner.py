@@ -52,13 +52,24 @@ if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.runner (th
     from .procfs import marker_of as run_marker
     from .procfs import stat_fields, threads_left
     from .protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip
+    from .safeopen import MAX_HOPS, open_beneath
 else:  # run as a script (the local backends) or imported as ``runner`` (docker's boot code)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from procfs import marker_of as run_marker
     from procfs import stat_fields, threads_left
     from protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip
+    from safeopen import MAX_HOPS, open_beneath
 
-__all__ = ["HEADER", "KILL_BUDGET_S", "MAX_SEND", "MAX_TEXT", "ORPHANED_GRACE_S", "clip"]
+__all__ = [
+    "HEADER",
+    "KILL_BUDGET_S",
+    "MAX_HOPS",
+    "MAX_SEND",
+    "MAX_TEXT",
+    "ORPHANED_GRACE_S",
+    "clip",
+    "open_beneath",
+]
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
@@ -66,8 +77,6 @@ TICK_S = 0.02
 REFRESH_S = 0.5
 OOM_FD = -1
 """Our /proc/self/oom_score_adj, opened before we become non-dumpable (``main``)."""
-MAX_HOPS = 40
-"""Symlinks ``open_beneath`` follows in one path at most (the kernel's own bound)."""
 
 
 def describe_error(exc: BaseException) -> tuple[int, str]:
@@ -142,79 +151,6 @@ def namespaces() -> dict[str, int]:
         except OSError:
             pass
     return found
-
-
-def open_beneath(
-    root: str, path: str, flags: int, mode: int = 0o644, *, in_root: bool = False
-) -> tuple[int, bool]:
-    """Open ``path`` (relative) below the directory ``root`` without ever leaving it: each
-    component is opened with O_NOFOLLOW relative to its parent's fd, symlinks are resolved
-    here (at most ``MAX_HOPS``) and ``..`` pops back to an fd already held, so the kernel never
-    follows a link for us. A step out (an absolute symlink, ``..`` above ``root``) fails with
-    EXDEV, like openat2's RESOLVE_BENEATH; ``in_root`` keeps it at ``root`` instead (an
-    absolute symlink restarts there), like RESOLVE_IN_ROOT for a container's root directory.
-    ``flags`` get O_CLOEXEC, O_NOCTTY and O_NONBLOCK. Returns ``(fd, created)``."""
-    flags |= os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
-    base = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    stack = [base]
-    todo = [p for p in path.split("/") if p not in ("", ".")]
-    hops = 0
-    try:
-        while True:
-            if not todo:  # the path ends at a directory already held (``.``, ``a/..``)
-                return os.open(".", flags & ~os.O_CREAT, mode, dir_fd=stack[-1]), False
-            name = todo.pop(0)
-            if name == "..":
-                if len(stack) > 1:
-                    os.close(stack.pop())
-                elif not in_root:
-                    raise OSError(errno.EXDEV, "the path climbs out of its root directory")
-                continue
-            target = None
-            if todo:
-                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
-                kind = os.fstat(fd).st_mode
-                if stat.S_ISDIR(kind):
-                    stack.append(fd)
-                    continue
-                os.close(fd)
-                if not stat.S_ISLNK(kind):
-                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-                target = os.readlink(name, dir_fd=stack[-1])
-            else:
-                plain = flags & ~(os.O_CREAT | os.O_EXCL) | os.O_NOFOLLOW
-                try:
-                    return os.open(name, plain, mode, dir_fd=stack[-1]), False
-                except FileNotFoundError:
-                    if not flags & os.O_CREAT:
-                        raise
-                    try:
-                        excl = flags | os.O_EXCL | os.O_NOFOLLOW
-                        return os.open(name, excl, mode, dir_fd=stack[-1]), True
-                    except FileExistsError:
-                        if flags & os.O_EXCL:
-                            raise
-                        todo.insert(0, name)  # it appeared meanwhile: open it (bounded below)
-                except OSError as exc:
-                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                        raise
-                    try:  # O_NOFOLLOW met a symlink (ELOOP; ENOTDIR under O_DIRECTORY)
-                        target = os.readlink(name, dir_fd=stack[-1])
-                    except OSError:
-                        raise exc from None
-            hops += 1
-            if hops > MAX_HOPS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-            if target is not None and target.startswith("/"):
-                if not in_root:
-                    raise OSError(errno.EXDEV, "a symlink points out of its root directory")
-                while len(stack) > 1:
-                    os.close(stack.pop())
-            if target is not None:
-                todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
-    finally:
-        for fd in stack:
-            os.close(fd)
 
 
 def special(mode: int) -> str:

@@ -186,12 +186,12 @@ def test_the_supervisor_runs_under_python_3_9() -> None:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"  # as the host imports them: a package
         "from supervisor import confine, launcher, launchwire, procfs, protocol, runner\n"
-        "from supervisor import scope_watch\n"
+        "from supervisor import safeopen, scope_watch\n"
         "assert confine._strings(['/a', '/b']) == ['/a', '/b']\n"
         "assert confine._strings(('/a',)) == ['/a']\n"
         "sys.path[0] = sys.argv[2]\n"  # as the sandbox runs them: scripts side by side
-        "for name in ('confine', 'protocol', 'procfs', 'launchwire', 'runner', 'launcher',\n"
-        "             'scope_watch'):\n"
+        "for name in ('confine', 'protocol', 'procfs', 'launchwire', 'safeopen', 'runner',\n"
+        "             'launcher', 'scope_watch'):\n"
         "    sys.modules.pop(name, None); __import__(name)\n"
         "print(sys.version_info[:2])\n"
     )
@@ -307,3 +307,49 @@ def test_a_result_written_elsewhere_is_found() -> None:
     source = "r = ExecResult(status='completed')\nr = r.model_copy(update={'error': 'x'})\n"
     assert result_writes(source) == ["1: ExecResult(...)", "2: .model_copy(update=...)"]
     assert result_writes("r = r.model_copy()\nreplaced(limits, max_output=1)\n") == []
+
+
+SDK_BOUNDARY = "sandboxrun.backends.docker.api"
+"""The one module that calls the docker SDK (and its transport, requests)."""
+
+
+def sdk_imports(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        sdk = [n for n in names if n.split(".")[0] in {"docker", "requests"}]
+        found += [f"{node.lineno}: {n}" for n in sdk]
+    return found
+
+
+def test_only_the_sdk_boundary_imports_the_docker_sdk() -> None:
+    found = {
+        name: hits
+        for name, path in modules().items()
+        if name != SDK_BOUNDARY and (hits := sdk_imports(path.read_text()))
+    }
+    assert found == {}
+    assert sdk_imports(modules()[SDK_BOUNDARY].read_text())
+    lazy = "def f():\n    import docker.errors\n    from requests import exceptions\n"
+    assert sdk_imports(lazy) == ["2: docker.errors", "3: requests"]
+    assert sdk_imports("from sandboxrun.backends.docker import api\nimport dockerfile\n") == []
+
+
+def test_one_symlink_safe_walk() -> None:
+    """Every walk that resolves symlinks itself is ``supervisor.safeopen``'s: no other module
+    reads a link relative to a directory fd (``os.readlink(..., dir_fd=...)``)."""
+    walkers = {
+        name
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "readlink"
+        and any(k.arg == "dir_fd" for k in node.keywords)
+    }
+    assert walkers == {"sandboxrun.supervisor.safeopen"}

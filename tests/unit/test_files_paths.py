@@ -31,6 +31,7 @@ from sandboxrun.api.files_paths import (
     check_write,
     file_error,
     list_fd,
+    open_host,
     read_fd,
     refuse_kernel_fs,
     resolve,
@@ -39,7 +40,7 @@ from sandboxrun.api.files_paths import (
 from sandboxrun.backends.base import SandboxView
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.models import Policy
-from sandboxrun.supervisor.runner import open_beneath
+from sandboxrun.supervisor.safeopen import open_beneath
 
 ROOT = "/workspace"
 HOME = "/home/sandbox"
@@ -408,3 +409,32 @@ async def test_cancelled_calls_leak_no_fd(host_files: SandboxFiles) -> None:
                 tg.start_soon(cancel_after, i % 10)
                 await calls[i % 3]()
     assert open_fds() - before <= 2
+
+
+def test_open_beneath_in_root_stays_at_its_root(tree: Path) -> None:
+    assert read_beneath(tree, "../f", in_root=True) == "f"  # ``..`` at the root stays there
+    assert read_beneath(tree, "slash/d/g", in_root=True) == "g"  # "/" is the root
+    assert read_beneath(tree, "d/../../../in", in_root=True) == "g"
+    with pytest.raises(FileNotFoundError):  # an absolute link restarts at the root: not found
+        read_beneath(tree, "abs", in_root=True)
+
+
+def test_open_beneath_hands_the_rest_over_where_it_stops(tree: Path) -> None:
+    d = (tree / "d").stat()
+    seen: list[str] = []
+
+    def enter(rest: str) -> tuple[int, bool]:
+        seen.append(rest)
+        return os.open(os.devnull, os.O_RDONLY), False
+
+    stop = (d.st_dev, d.st_ino)
+    for path in ("dirlink/e/x", "d/e/..", "in", "d"):  # "in" -> d/g: it stops in d
+        fd, _ = open_beneath(str(tree), path, os.O_RDONLY, stop_at=stop, enter=enter)
+        os.close(fd)
+    assert seen == ["e/x", "e/..", "g", "."]
+    with pytest.raises(NotADirectoryError):  # f is no directory: the walk never gets to d
+        open_beneath(str(tree), "f/../d/g", os.O_RDONLY, stop_at=stop, enter=enter)
+    assert read_beneath(tree, "d/g") == "g"  # no stop asked: the walk goes on
+    fd, _ = open_host(str(tree / "in"), os.O_RDONLY, 0, str(tree / "d"), enter)
+    os.close(fd)
+    assert seen[-1] == "g"  # the host walk is the same walk, from /

@@ -1,4 +1,6 @@
 """The one boundary to the Docker Engine API: client with deadlines, retries, error mapping.
+No other module of sandboxrun imports the docker SDK (tests/unit/test_architecture.py): they
+call the functions here, with the ``Client`` this module connects.
 
 Idempotent lifecycle calls (create, start, inspect, remove, image checks) retry transient
 failures (connection reset, broken pipe, 5xx, timeouts) with tenacity; exec calls never retry.
@@ -11,12 +13,13 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
+import docker.utils
 import requests.exceptions
 from docker import DockerClient
 from tenacity import (
@@ -30,6 +33,8 @@ from tenacity import (
 from sandboxrun.errors import BackendError, SandboxUnavailableError
 
 T = TypeVar("T")
+Client = DockerClient
+"""A connected engine client (``connect``): passed back to the functions of this module."""
 
 API_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 3.0
@@ -71,6 +76,10 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+class NotFoundError(BackendError):
+    """The engine has no such object (container, image, exec): removed, or never made."""
+
+
 def retrying(call: Callable[[], T], *, what: str, budget_s: float = API_TIMEOUT_S) -> T:
     """Run an idempotent engine call, retrying transient failures within ``budget_s``."""
 
@@ -85,8 +94,8 @@ def retrying(call: Callable[[], T], *, what: str, budget_s: float = API_TIMEOUT_
 
     try:
         return attempt()
-    except docker.errors.NotFound:
-        raise
+    except docker.errors.NotFound as exc:
+        raise NotFoundError(f"docker: {what}: {exc.explanation or exc}") from exc
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         raise BackendError(f"docker: {what} failed: {exc}") from exc
 
@@ -95,6 +104,8 @@ def once(call: Callable[[], T], *, what: str) -> T:
     """Run a non-idempotent engine call (exec create/start) exactly once."""
     try:
         return call()
+    except docker.errors.NotFound as exc:
+        raise NotFoundError(f"docker: {what}: {exc.explanation or exc}") from exc
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         raise BackendError(f"docker: {what} failed: {exc}") from exc
 
@@ -144,3 +155,204 @@ def buffered_bytes(stream: object) -> bytes:
     except (BlockingIOError, ValueError, OSError):
         return b""
     return data if isinstance(data, bytes) else b""
+
+
+# -- containers --------------------------------------------------------------------------------
+def list_labelled(client: DockerClient, label: str) -> list[dict[str, Any]]:
+    """Every container (running or not) with the label ``label`` (``key=value``)."""
+    found = retrying(
+        lambda: client.api.containers(all=True, filters={"label": label}),
+        what="list managed containers",
+    )
+    return [dict(item) for item in found]
+
+
+def remove_now(client: DockerClient, container_id: str) -> None:
+    """Force-remove a container with its anonymous volumes (``NotFoundError``: gone already)."""
+    retrying(
+        lambda: client.api.remove_container(container_id, force=True, v=True),
+        what=f"remove container {container_id[:12]}",
+    )
+
+
+def create_container(client: DockerClient, config: dict[str, Any]) -> str:
+    """Create a container from ``config`` (``create_container``'s keyword arguments, with the
+    host config's under ``host_config``): its id. Never retried: a retry could make two."""
+    config = dict(config)
+    api = client.api
+    host = api.create_host_config(**config.pop("host_config"))
+    created = once(
+        lambda: api.create_container(host_config=host, **config),
+        what="create the sandbox container",
+    )
+    return str(created["Id"])
+
+
+def start_container(
+    client: DockerClient, container_id: str, refused: Callable[[str], bool]
+) -> bool:
+    """Start a container (retrying transient failures): False, at once, when the engine's
+    refusal is one ``refused`` recognises from its text (e.g. no seccomp in the daemon)."""
+
+    def start() -> bool:
+        try:
+            client.api.start(container_id)
+        except docker.errors.APIError as exc:
+            if refused(str(exc)):
+                return False
+            raise
+        return True
+
+    return retrying(start, what="start the sandbox container")
+
+
+def inspect_container(client: DockerClient, container_id: str) -> dict[str, Any]:
+    return dict(
+        retrying(
+            lambda: client.api.inspect_container(container_id),
+            what="inspect the sandbox container",
+        )
+    )
+
+
+# -- exec --------------------------------------------------------------------------------------
+def exec_create(client: DockerClient, container_id: str, argv: list[str], **kwargs: Any) -> str:
+    """An exec of ``argv`` in the container (``exec_create``'s options): its id. Never retried."""
+    created = once(lambda: client.api.exec_create(container_id, argv, **kwargs), what="exec create")
+    return str(created["Id"])
+
+
+def exec_attach(client: DockerClient, exec_id: str) -> Any:
+    """Start the exec with its streams hijacked: docker-py's socket wrapper (keep it: it owns
+    the socket; ``buffered_bytes`` has what it read ahead). Never retried."""
+    return once(lambda: client.api.exec_start(exec_id, socket=True), what="exec start")
+
+
+def exec_output(client: DockerClient, exec_id: str) -> bytes:
+    """Start the exec and wait for its whole output (a short helper's). Never retried."""
+    return bytes(once(lambda: client.api.exec_start(exec_id), what="exec start"))
+
+
+def exec_inspect(client: DockerClient, exec_id: str) -> dict[str, Any]:
+    return dict(once(lambda: client.api.exec_inspect(exec_id), what="exec inspect"))
+
+
+# -- images ------------------------------------------------------------------------------------
+def inspect_image(
+    client: DockerClient, ref: str, *, budget_s: float = API_TIMEOUT_S
+) -> dict[str, Any] | None:
+    """The engine's record of image ``ref``; None when it has no such image."""
+    try:
+        found = retrying(
+            lambda: client.api.inspect_image(ref),  # type: ignore[no-untyped-call]
+            what=f"inspect image {ref}",
+            budget_s=budget_s,
+        )
+    except NotFoundError:
+        return None
+    return dict(found)
+
+
+def image_tags(client: DockerClient, repository: str) -> list[str]:
+    """The tags of the images of ``repository`` on the engine (``repo:tag`` each)."""
+    images = retrying(lambda: client.images.list(name=repository), what=f"list {repository}")
+    return [str(tag) for image in images for tag in image.tags]
+
+
+def import_image(
+    client: DockerClient, tarball: str, *, repository: str, tag: str, changes: list[str]
+) -> None:
+    """Import a root filesystem tarball as ``repository:tag``. Never retried (it is long)."""
+    once(
+        lambda: client.api.import_image_from_file(
+            tarball, repository=repository, tag=tag, changes=changes
+        ),
+        what="import the bootstrap image",
+    )
+
+
+def tag_image(client: DockerClient, image: str, alias: str) -> None:
+    """Give ``image`` the name ``alias`` (``repo:tag``) too."""
+    repo, name = docker.utils.parse_repository_tag(alias)
+    retrying(lambda: client.api.tag(image, repo, name), what=f"tag {image} as {alias}")
+
+
+def pull(client: DockerClient, ref: str) -> Iterator[dict[str, Any]]:
+    """Pull ``ref``: the engine's progress messages as they come (``BackendError``, with the
+    engine's words, when it fails)."""
+    return _streamed(lambda: client.api.pull(ref, stream=True, decode=True))
+
+
+def build(client: DockerClient, **options: Any) -> Iterator[dict[str, Any]]:
+    """A legacy-builder build (``APIClient.build``'s options): its messages as they come."""
+    return _streamed(lambda: client.api.build(decode=True, **options))
+
+
+def _streamed(call: Callable[[], Any]) -> Iterator[dict[str, Any]]:
+    try:
+        for chunk in call():
+            yield dict(chunk)
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise BackendError(str(getattr(exc, "explanation", None) or exc)) from exc
+
+
+def registry_has(client: DockerClient, image: str) -> tuple[int | None, str] | None:
+    """Ask the engine's registry for ``image`` without pulling it (the client's deadline bounds
+    the wait): None when it has it, else the engine's refusal ``(HTTP status, its words)``;
+    ``BackendError`` when there was no answer to tell."""
+    try:
+        client.api.inspect_distribution(image)  # type: ignore[no-untyped-call]
+    except docker.errors.APIError as exc:
+        return exc.status_code, str(exc.explanation or exc)
+    except requests.exceptions.Timeout:
+        raise BackendError("no answer in time") from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise BackendError(str(exc)) from None
+    return None
+
+
+# -- files: the archive API (an engine that is not on this host) --------------------------------
+class Archive:
+    """A container's files through the engine's archive API. Errors are ``BackendError`` with
+    the engine's own words (``NotFoundError``: no such path)."""
+
+    def __init__(self, client: DockerClient, container_id: str) -> None:
+        self._api: Any = client.api  # (its private _url, _raise_for_status: no HEAD call else)
+        self._cid = container_id
+
+    def stat(self, path: str) -> dict[str, Any] | None:
+        """The engine's stat of ``path`` (a last symlink not followed: ``linkTarget``); None
+        when it is missing."""
+        api = self._api
+        try:
+            res = api.head(api._url("/containers/{0}/archive", self._cid), params={"path": path})
+            if res.status_code == 404:
+                return None
+            api._raise_for_status(res)
+        except docker.errors.APIError as exc:
+            raise BackendError(str(exc.explanation or exc)) from None
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise BackendError(f"the engine is unreachable: {exc}") from None
+        header = res.headers.get("x-docker-container-path-stat")
+        return dict(docker.utils.decode_json_header(header)) if header else {"mode": 0}
+
+    def get(self, path: str) -> Any:
+        """A tar stream of ``path`` (close it when done)."""
+        try:
+            stream, _ = self._api.get_archive(self._cid, path)
+        except docker.errors.NotFound as exc:
+            raise NotFoundError(str(exc.explanation or exc)) from None
+        except docker.errors.APIError as exc:
+            raise BackendError(str(exc.explanation or exc)) from None
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise BackendError(f"the engine is unreachable: {exc}") from None
+        return stream
+
+    def put(self, directory: str, tar: bytes) -> None:
+        """Unpack ``tar`` into ``directory``."""
+        try:
+            self._api.put_archive(self._cid, directory, tar)
+        except docker.errors.APIError as exc:
+            raise BackendError(str(exc.explanation or exc)) from None
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise BackendError(f"the engine is unreachable: {exc}") from None

@@ -21,8 +21,6 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import docker.errors
-from docker import DockerClient
 
 from sandboxrun.backends.base import ContainerAccess, Context, Probe, SandboxView
 from sandboxrun.backends.client import RunnerClient
@@ -65,11 +63,11 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
     except Exception as exc:  # any failure to reach the engine is a reason to fall back
         return Probe("docker", False, str(exc), ())
     try:
-        client.api.inspect_image(image)  # type: ignore[no-untyped-call]
-    except docker.errors.NotFound:  # how to get it: pull where a registry has it, or build
-        return Probe("docker", False, image_hint.missing_image(client, image), ())
-    except Exception as exc:
-        return Probe("docker", False, f"cannot inspect image {image}: {exc}", ())
+        found = dockerapi.inspect_image(client, image, budget_s=dockerapi.PROBE_TIMEOUT_S)
+        if found is None:  # how to get it: pull where a registry has it, or build
+            return Probe("docker", False, image_hint.missing_image(client, image), ())
+    except Exception as exc:  # (a BackendError: "docker: inspect image ... failed: ...")
+        return Probe("docker", False, str(exc), ())
     finally:
         client.close()
     # What a docker sandbox can give, whatever the policy and limits asked (a sandbox's own
@@ -136,7 +134,7 @@ class DockerBackend:
         """Whether containers get sandboxrun's seccomp profile (False once the engine said it
         cannot apply one: they then get the engine's default and ``isolation`` says so)."""
         self.shell = "bash" if image is None else "sh"
-        self.client: DockerClient | None = None
+        self.client: dockerapi.Client | None = None
         self.container_id: str | None = None
         self.local = False
         self.init_pid: int | None = None
@@ -284,7 +282,6 @@ class DockerBackend:
 
     def _create(self) -> str:
         assert self.client is not None
-        api = self.client.api
         config = cfg.host_config(
             workspace=self.workspace.root,
             policy=self.policy,
@@ -297,30 +294,17 @@ class DockerBackend:
             if self._rendezvous is None
             else (self._rendezvous.dir, sv.MOUNT, sv.MAIN_COMMAND),
         )
-        host = api.create_host_config(**config.pop("host_config"))
-        created = dockerapi.once(
-            lambda: api.create_container(host_config=host, **config),
-            what="create the sandbox container",
-        )
-        cid = self.container_id = str(created["Id"])
+        cid = self.container_id = dockerapi.create_container(self.client, config)
         return cid
 
     def _start(self, cid: str) -> bool:
         """Start the container: False (at once, no retry) when the engine cannot apply the
         seccomp profile it was given."""
         assert self.client is not None
-        api = self.client.api
-
-        def start() -> bool:
-            try:
-                api.start(cid)
-            except docker.errors.APIError as exc:
-                if self.seccomp and cfg.seccomp_unsupported(str(exc)):
-                    return False
-                raise
-            return True
-
-        return dockerapi.retrying(start, what="start the sandbox container")
+        seccomp = self.seccomp
+        return dockerapi.start_container(
+            self.client, cid, lambda said: seccomp and cfg.seccomp_unsupported(said)
+        )
 
     def dying(self) -> bool:
         """Whether the container's own processes (init, main) are gone: read from /proc, so it
@@ -333,10 +317,7 @@ class DockerBackend:
     def inspect_state(self) -> dict[str, Any]:
         client, cid = self.client, self.container_id
         assert client is not None and cid is not None
-        info = dockerapi.retrying(
-            lambda: client.api.inspect_container(cid), what="inspect the sandbox container"
-        )
-        return dict(info.get("State") or {})
+        return dict(dockerapi.inspect_container(client, cid).get("State") or {})
 
     async def close(self) -> list[str]:
         """Remove the container within ``CLOSE_BUDGET_S``; what could not be removed (it keeps
@@ -430,7 +411,9 @@ class DockerBackend:
             container_id=self.container_id,
             init_pid=self.init_pid,
             local=bool(self.local),
-            client=self.client,
+            archive=None
+            if self.client is None or self.container_id is None
+            else dockerapi.Archive(self.client, self.container_id),
             user=self.user,
         )
         return SandboxView(home=cfg.HOME, supervisor=self.supervisor, container=access)

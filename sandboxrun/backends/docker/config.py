@@ -13,8 +13,6 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from docker.types import Mount
-
 from sandboxrun.engine.argv import is_utf8, wrapper_env
 from sandboxrun.engine.env import redact
 from sandboxrun.engine.paths import CONTAINER_ROOT
@@ -174,19 +172,14 @@ def host_config(
         "log_config": {"Type": "none", "Config": {}},
         # A Mount, not a "src:dst:mode" bind string: any name (':', ',') stays one path.
         "mounts": [
-            Mount(
-                target=str(CONTAINER_ROOT),
-                source=str(workspace),
-                type="bind",
-                read_only=policy.access == "read-only",
-            )
+            mount(str(CONTAINER_ROOT), str(workspace), "bind", policy.access == "read-only")
         ],
     }
     host["mounts"] += mask_mounts(workspace, policy.mask)
     command = ["sleep", "infinity"]
     if supervisor is not None:
         source, target, command = supervisor
-        host["mounts"].append(Mount(target=target, source=str(source), type="bind", read_only=True))
+        host["mounts"].append(mount(target, str(source), "bind", True))
         host["auto_remove"] = True
     if limits.cpus is not None:
         host["nano_cpus"] = int(limits.cpus * 1e9)
@@ -201,6 +194,14 @@ def host_config(
     }
 
 
+Mount = dict[str, object]
+"""A ``HostConfig.Mounts`` entry of the Engine API (what docker-py's ``types.Mount`` makes)."""
+
+
+def mount(target: str, source: str | None, kind: str, read_only: bool) -> Mount:
+    return {"Target": target, "Source": source, "Type": kind, "ReadOnly": read_only}
+
+
 def mask_mounts(workspace: Path, masks: tuple[str, ...]) -> list[Mount]:
     """``--mask`` inside the container: a masked directory of the workspace is an empty
     read-only tmpfs, a masked file ``/dev/null`` (read-only). A path outside the workspace is
@@ -212,9 +213,9 @@ def mask_mounts(workspace: Path, masks: tuple[str, ...]) -> list[Mount]:
             continue
         target = str(CONTAINER_ROOT / real.relative_to(workspace))
         if real.is_dir():
-            mounts.append(Mount(target=target, source=None, type="tmpfs", read_only=True))
+            mounts.append(mount(target, None, "tmpfs", True))
         else:
-            mounts.append(Mount(target=target, source="/dev/null", type="bind", read_only=True))
+            mounts.append(mount(target, "/dev/null", "bind", True))
     return mounts
 
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-import docker.errors
 
 from sandboxrun.backends.docker import api as dockerapi
 from sandboxrun.backends.docker import config as cfg
@@ -94,11 +93,11 @@ class DockerRun:
         self.cgroup = RunCgroup(base, request.run_id) if base is not None else None
 
     @property
-    def api(self) -> Any:
+    def client(self) -> dockerapi.Client:
         client = self.backend.client
         if client is None:
             raise BackendError("docker: the sandbox was closed")
-        return client.api
+        return client
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._start_sync)
@@ -120,21 +119,17 @@ class DockerRun:
                     f"cannot create the exec's cgroup {self.cgroup.path}: {exc}"
                 ) from exc
             command = stub_argv(command)
-        created = dockerapi.once(
-            lambda: self.api.exec_create(
-                backend.container_id,
-                command,
-                stdin=request.stdin is not None,
-                environment=dict(self.launch.env),
-                workdir=self.launch.cwd,
-                user=backend.user,
-            ),
-            what="exec create",
+        assert backend.container_id is not None
+        self.exec_id = dockerapi.exec_create(
+            self.client,
+            backend.container_id,
+            command,
+            stdin=request.stdin is not None,
+            environment=dict(self.launch.env),
+            workdir=self.launch.cwd,
+            user=backend.user,
         )
-        self.exec_id = str(created["Id"])
-        self.keep = dockerapi.once(
-            lambda: self.api.exec_start(self.exec_id, socket=True), what="exec start"
-        )
+        self.keep = dockerapi.exec_attach(self.client, self.exec_id)
         raw = getattr(self.keep, "_sock", self.keep)
         if not isinstance(raw, socket.socket):
             raise BackendError(f"docker: unexpected exec stream object {type(raw).__name__}")
@@ -291,9 +286,7 @@ class DockerRun:
 
     def _inspect(self) -> dict[str, Any]:
         try:
-            return dict(
-                dockerapi.once(lambda: self.api.exec_inspect(self.exec_id), what="exec inspect")
-            )
+            return dockerapi.exec_inspect(self.client, self.exec_id)
         except BackendError as exc:
             return {"Running": False, "ExitCode": None, "Error": str(exc)}
 
@@ -402,15 +395,13 @@ class DockerRun:
         proctree.signal_all(fresh, signal.SIGTERM)
 
     def _sweep_in_container(self, sig: str) -> int:
-        api, cid = self.api, self.backend.container_id
+        cid = self.backend.container_id
         try:
-            created = dockerapi.once(
-                lambda: api.exec_create(
-                    cid, cfg.sweep_argv(self.request.run_id, sig), user=self.backend.user
-                ),
-                what="sweep exec create",
-            )
-            output = dockerapi.once(lambda: api.exec_start(created["Id"]), what="sweep exec start")
+            assert cid is not None
+            client = self.client
+            argv = cfg.sweep_argv(self.request.run_id, sig)
+            made = dockerapi.exec_create(client, cid, argv, user=self.backend.user)
+            output = dockerapi.exec_output(client, made)
             return int(output.decode().strip().splitlines()[-1])
         except (BackendError, ValueError, IndexError):
             return 0 if not self._container_running() else 1
@@ -462,7 +453,7 @@ class DockerRun:
     def _state_or_empty(self) -> dict[str, Any]:
         try:
             return self.backend.inspect_state()
-        except (BackendError, docker.errors.NotFound):
+        except BackendError:  # (NotFoundError too: the container is gone)
             return {}
 
     def close(self) -> None:

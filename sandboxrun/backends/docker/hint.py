@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from docker import DockerClient
+    from sandboxrun.backends.docker.api import Client as DockerClient
 
 DEFAULT_REPO = "sandboxrun/base"
 _UNREACHABLE = (
@@ -96,18 +96,14 @@ def message(image: str, answer: RegistryAnswer | None) -> str:
 def ask_registry(client: DockerClient, image: str) -> RegistryAnswer:
     """Whether the engine's registry has ``image``, without pulling it (the client's deadline
     bounds the wait)."""
-    import docker.errors
-    import requests.exceptions
+    from sandboxrun.backends.docker import api as dockerapi
+    from sandboxrun.errors import BackendError
 
     try:
-        client.api.inspect_distribution(image)  # type: ignore[no-untyped-call]
-    except docker.errors.APIError as exc:
-        return classify(exc.status_code, str(exc.explanation or exc))
-    except requests.exceptions.Timeout:
-        return RegistryAnswer("unknown", "no answer in time")
-    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        refused = dockerapi.registry_has(client, image)
+    except BackendError as exc:
         return RegistryAnswer("unknown", str(exc))
-    return RegistryAnswer("has")
+    return RegistryAnswer("has") if refused is None else classify(*refused)
 
 
 def missing_image(client: DockerClient, image: str) -> str:

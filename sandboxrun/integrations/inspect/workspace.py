@@ -23,7 +23,7 @@ import psutil
 from sandboxrun.errors import WorkspaceError
 
 if TYPE_CHECKING:
-    from docker import DockerClient
+    from sandboxrun.backends.docker.api import Client as DockerClient
 
 
 def parent_dir() -> Path:
@@ -168,23 +168,23 @@ def cleanup(target: str | None) -> tuple[int, int, int]:
 def _remove_container(client: DockerClient, cid: str) -> bool:
     """Remove a container; False when it is already gone (it removes itself once its
     supervisor sees its owner die)."""
-    import docker.errors
-
-    from sandboxrun.backends.housekeeping import remove as remove_container
+    from sandboxrun.backends.docker import api as dockerapi
 
     try:
-        remove_container(client, cid)
-    except docker.errors.NotFound:
+        dockerapi.remove_now(client, cid)
+    except dockerapi.NotFoundError:
         return False
     return True
 
 
 def _containers(client: DockerClient | None) -> list[tuple[str, str]]:
     """``(id, workspace label)`` of every sandboxrun container (none without an engine)."""
+    from sandboxrun.backends.docker import api as dockerapi
+
     if client is None:
         return []
     try:
-        found = client.api.containers(all=True, filters={"label": "sandboxrun.managed=true"})
+        found = dockerapi.list_labelled(client, "sandboxrun.managed=true")
     except Exception:  # the engine went away: the workspaces are still ours to remove
         return []
     rows = []
