@@ -13,18 +13,20 @@ from sandboxrun.backends.docker.backend import DockerBackend
 
 def container_processes(backend: DockerBackend) -> list[str]:
     """Command lines of every process in the sandbox container (the engine's `top`)."""
-    assert backend.client is not None and backend.container_id is not None
+    assert backend.session.client is not None and backend.session.container_id is not None
     for _ in range(5):  # `top` runs ps on the host, which fails now and then as processes exit
         try:
-            top = backend.client.api.top(backend.container_id, ps_args="-eo pid,args")
+            top = backend.session.client.api.top(
+                backend.session.container_id, ps_args="-eo pid,args"
+            )
             break
         except docker.errors.APIError:
             time.sleep(0.1)
     else:
-        top = backend.client.api.top(backend.container_id, ps_args="-eo pid,args")
+        top = backend.session.client.api.top(backend.session.container_id, ps_args="-eo pid,args")
     column = top["Titles"].index("COMMAND") if "COMMAND" in top["Titles"] else -1
     pid = top["Titles"].index("PID") if "PID" in top["Titles"] else 0
-    own = {backend.init_pid, backend.supervisor_pid, *backend.keep} - {None}
+    own = {backend.session.init_pid, backend.session.supervisor_pid, *backend.session.keep} - {None}
     # the container's own processes (init, main, the supervisor) by their host pids
     return [str(row[column]) for row in top["Processes"] if int(row[pid]) not in own]
 
@@ -38,7 +40,11 @@ async def assert_container_clean(sb: Sandbox) -> None:
     for _ in range(20):  # a killed process may stay a zombie until its parent reaps it
         procs = await anyio.to_thread.run_sync(container_processes, backend)
         main = ("docker-init", "sleep infinity")
-        extra = procs if backend.init_pid else [p for p in procs if not any(m in p for m in main)]
+        extra = (
+            procs
+            if backend.session.init_pid
+            else [p for p in procs if not any(m in p for m in main)]
+        )
         if not extra:
             return
         await anyio.sleep(0.1)

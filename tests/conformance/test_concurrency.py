@@ -201,7 +201,7 @@ async def test_docker_recycle_waits_for_running_neighbours(workspace: Path) -> N
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
-        first = backend.container_id
+        first = backend.session.container_id
         results: list[ExecResult] = []
         async with anyio.create_task_group() as tg:
 
@@ -213,14 +213,14 @@ async def test_docker_recycle_waits_for_running_neighbours(workspace: Path) -> N
 
             tg.start_soon(neighbour)
             await anyio.sleep(0.3)
-            backend.recycle_needed = True
+            backend.session.recycle_needed = True
             for _ in range(3):
                 tg.start_soon(later)
             # one more exec arriving while the recycle is replacing the container
-            while not (backend._recycle_lock.locked() and not backend.active):
+            while not (backend._recycle_lock.locked() and not backend.session.active):
                 await anyio.sleep(0.001)
             tg.start_soon(later)
-        assert backend.container_id != first
+        assert backend.session.container_id != first
         again = await sb.exec(["echo", "after"], timeout=10)
     outcomes = sorted((r.status, r.stdout) for r in [*results, again])
     assert outcomes == [("completed", "after\n")] * 5 + [("completed", "neighbour\n")]
@@ -287,7 +287,7 @@ async def test_docker_exec_cannot_leave_its_cgroup_and_none_is_left(workspace: P
         result = await sb.exec(shell=ESCAPE, timeout=2)
         elapsed = time.monotonic() - start
         await assert_container_clean(sb)
-        base = backend.run_cgroup_base
+        base = backend.session.run_cgroup_base
         left = [] if base is None else [p.name for p in base.glob("sandboxrun-*")]
     assert "moved" not in result.stdout, result.stdout
     assert result.stdout.endswith("up\n")

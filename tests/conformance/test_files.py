@@ -232,7 +232,7 @@ async def test_docker_without_supervisor(workspace: Path, docker_fallback: str) 
         hostname = (await sh(sb, "cat /etc/hostname")).encode()
         backend = sb.backend
         if docker_fallback == "archive":
-            backend.local = False  # type: ignore[attr-defined]
+            backend.session.local = False  # type: ignore[attr-defined]
         try:
             await sb.write_file("api.txt", b"api")
             assert await sb.read_file("/workspace/api.txt") == b"api"
@@ -259,7 +259,7 @@ async def test_docker_without_supervisor(workspace: Path, docker_fallback: str) 
             with pytest.raises(SandboxPermissionError):
                 await sb.write_file("/etc/api", b"x")
         finally:
-            backend.local = True  # type: ignore[attr-defined]
+            backend.session.local = True  # type: ignore[attr-defined]
         assert await sh(sb, "cat /tmp/api; stat -c %u /workspace/api.txt") == (
             f"to tmp{backend.user.split(':')[0]}\n"  # type: ignore[attr-defined]
         )

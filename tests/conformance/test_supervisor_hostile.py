@@ -48,7 +48,7 @@ def supervisor_of(sb: Sandbox) -> int | None:
     runner, systemd-scope's namespace holder)."""
     backend: Any = sb.backend
     if backend.name == "docker":
-        return cast(int | None, backend.supervisor_pid)
+        return cast(int | None, backend.session.supervisor_pid)
     client = backend._client if backend.name == "process-group" else backend._holder
     return None if client is None else cast(int | None, client.pid)
 

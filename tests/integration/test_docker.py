@@ -136,7 +136,7 @@ async def test_one_labelled_hardened_container_while_open_and_none_after(
         after = time.time()
         listed = ours(engine)
         assert len(listed) == 1, listed
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         assert cid is not None
         assert listed[0]["Id"] == cid
         info = engine.api.inspect_container(cid)
@@ -222,7 +222,7 @@ async def test_container_removed_when_the_body_raises(
     cid = None
     with pytest.raises(RuntimeError, match="boom"):
         async with Sandbox(workspace, backend="docker") as sb:
-            cid = backend_of(sb).container_id
+            cid = backend_of(sb).session.container_id
             assert len(ours(engine)) == 1
             await sb.exec(["true"])
             raise RuntimeError("boom")
@@ -238,7 +238,7 @@ async def test_container_removed_when_the_body_is_cancelled(
     cid = None
     with anyio.move_on_after(1.0) as scope:
         async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
-            cid = backend_of(sb).container_id
+            cid = backend_of(sb).session.container_id
             await sb.exec(["sleep", "30"])
     assert scope.cancelled_caught
     assert cid is not None
@@ -558,7 +558,7 @@ async def test_escaping_workdir_is_refused_before_any_container_call(
     if workdir == "HOST-OUTSIDE":
         workdir = str(outside)
     async with Sandbox(workspace, backend="docker") as sb:
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         assert cid is not None
         since = time.time()
         with pytest.raises(WorkspaceError, match="escapes"):
@@ -840,10 +840,10 @@ async def test_kill_9_minus_1_does_not_end_a_supervised_sandbox(workspace: Path)
     """``kill -9 -1`` reaches every process of the container but PID 1, the supervisor: the
     sandbox goes on in the same container."""
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         hit = await sb.exec(shell="kill -9 -1; kill -9 1; kill -STOP 1; echo lived")
         after = await sb.exec(["echo", "same"])
-        assert backend_of(sb).container_id == cid
+        assert backend_of(sb).session.container_id == cid
     assert hit.status != "sandbox_error", hit
     assert after.status == "completed" and after.stdout == "same\n", after
 
@@ -943,7 +943,7 @@ async def test_init_killed_by_a_leftover_of_the_exec_is_not_completed(
     monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")  # `kill 1` ends only a `sleep`
     limits = Limits(grace_s=2.0, drain_s=0.5)
     async with Sandbox(workspace, backend="docker", limits=limits) as sb:
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         assert cid is not None
         result = await sb.exec(
             shell="(trap '' TERM; sleep 0.3; kill 1) >/dev/null 2>&1 & echo bg", timeout=20
@@ -975,11 +975,11 @@ async def test_container_killed_while_idle_is_replaced_before_the_next_exec(
     """Its supervisor is seen gone (its pidfd) before the next exec uses it: that exec runs in
     a fresh container."""
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         assert cid is not None
         await anyio.to_thread.run_sync(kill_and_wait, engine, cid)
         result = await sb.exec(["echo", "hi"])
-        assert backend_of(sb).container_id != cid
+        assert backend_of(sb).session.container_id != cid
     assert result.status == "completed" and result.stdout == "hi\n", result
     assert ours(engine) == []
 
@@ -989,7 +989,7 @@ async def test_container_killed_while_idle_is_sandbox_error_on_the_engine_path(
 ) -> None:
     monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")  # nothing to watch: found at exec
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         assert cid is not None
         await anyio.to_thread.run_sync(kill_and_wait, engine, cid)
         result = await sb.exec(["echo", "hi"])
@@ -1003,7 +1003,7 @@ async def test_sandbox_recovers_after_its_container_died_while_idle(
     workspace: Path, engine: docker.DockerClient
 ) -> None:
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         assert cid is not None
         await anyio.to_thread.run_sync(kill_and_wait, engine, cid)
         await sb.exec(["echo", "hi"])  # a fresh container, or sandbox_error (tested above)
@@ -1017,7 +1017,7 @@ async def test_container_removed_under_an_exec_is_sandbox_error(
 ) -> None:
     removed: list[str] = []
     async with Sandbox(workspace, backend="docker", limits=FAST) as sb:
-        cid = backend_of(sb).container_id
+        cid = backend_of(sb).session.container_id
         assert cid is not None
 
         def remove_on_first_output(name: str, chunk: bytes) -> None:

@@ -128,7 +128,7 @@ async def test_api_close_errors_name_the_container_left_behind(
         async with sb:
             assert (await sb.exec(["true"])).ok
             assert isinstance(sb.backend, DockerBackend)
-            cid = sb.backend.container_id
+            cid = sb.backend.session.container_id
             start = time.monotonic()
         elapsed = time.monotonic() - start
         assert cid is not None

@@ -54,10 +54,10 @@ async def test_mount_is_a_bind_of_the_canonical_root(tmp_path: Path, access: str
     async with Sandbox(ws, backend="docker", policy=policy) as sb:
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
-        assert backend.container_id is not None
+        assert backend.session.container_id is not None
         client = docker.from_env(timeout=30)
         try:
-            info = client.api.inspect_container(backend.container_id)
+            info = client.api.inspect_container(backend.session.container_id)
         finally:
             client.close()
         result = await sb.exec(["sh", "-c", "cat f; echo y > g"])

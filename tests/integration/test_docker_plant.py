@@ -68,7 +68,7 @@ def backend_of(sb: Sandbox) -> DockerBackend:
 
 
 def security_opt(sb: Sandbox) -> list[str]:
-    cid = backend_of(sb).container_id
+    cid = backend_of(sb).session.container_id
     assert cid is not None
     client = docker.from_env(timeout=30)
     try:

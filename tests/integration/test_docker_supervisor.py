@@ -57,10 +57,10 @@ async def test_commands_run_through_the_supervisor_whose_socket_is_gone(
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
         assert backend.supervisor is not None
-        assert backend.container_id is not None
+        assert backend.session.container_id is not None
         source = next(
             m["Source"]
-            for m in engine.api.inspect_container(backend.container_id)["Mounts"]
+            for m in engine.api.inspect_container(backend.session.container_id)["Mounts"]
             if m["Destination"] == "/run/sandboxrun"
         )
         listing = await sb.exec(["ls", "-A", "/run/sandboxrun"])
@@ -131,12 +131,12 @@ async def test_a_command_cannot_kill_or_stop_the_supervisor(workspace: Path, sig
     async with Sandbox(workspace, backend="docker", limits=Limits(grace_s=0.5)) as sb:
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
-        first = backend.container_id
+        first = backend.session.container_id
         with anyio.fail_after(30):
             pid1 = await sb.exec(["cat", "/proc/1/cmdline"])
             hit = await sb.exec(shell=KILLER.replace("SIG", sig))
             after = await sb.exec(["echo", "same"])
-        assert backend.container_id == first
+        assert backend.session.container_id == first
     assert "import runner" in pid1.stdout
     assert "hit" in hit.stdout  # it found the supervisor and signalled it
     assert hit.status == "completed" and hit.stdout.endswith("lived\n"), hit
@@ -170,8 +170,10 @@ async def test_a_supervisor_below_an_entrypoint_killed_or_stopped_loses_only_its
     async with Sandbox(workspace, backend="docker", image=entrypoint_image, limits=limits) as sb:
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
-        first = backend.container_id
-        assert backend.supervisor_pid != backend.init_pid  # below the entrypoint's shell
+        first = backend.session.container_id
+        assert (
+            backend.session.supervisor_pid != backend.session.init_pid
+        )  # below the entrypoint's shell
         began = time.monotonic()
         with anyio.fail_after(30):
             hit = await sb.exec(shell=script, timeout=20)
@@ -182,7 +184,7 @@ async def test_a_supervisor_below_an_entrypoint_killed_or_stopped_loses_only_its
         read_took = time.monotonic() - began
         with anyio.fail_after(30):
             after = await sb.exec(["echo", "fresh"])
-        assert backend.container_id != first
+        assert backend.session.container_id != first
     assert "hit" in hit.stdout
     assert hit.status == "sandbox_error", hit
     assert took < 5, f"the exec ended {took:.1f} s after the supervisor was {sig}ed"
@@ -277,11 +279,13 @@ async def test_the_oom_killer_takes_a_command_not_the_supervisor(workspace: Path
     async with Sandbox(workspace, backend="docker", limits=limits, user="1000:1000") as sb:
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
-        first = backend.container_id
+        first = backend.session.container_id
         scores = await sb.exec(shell="cat /proc/self/oom_score_adj /proc/$PPID/oom_score_adj")
         result = await sb.exec(shell=hog, timeout=15)
         after = await sb.exec(["echo", "alive"])
-        assert backend.container_id == first, "the supervisor died: the sandbox was recreated"
+        assert backend.session.container_id == first, (
+            "the supervisor died: the sandbox was recreated"
+        )
     assert result.status != "sandbox_error", result
     assert after.status == "completed"
     assert scores.stdout.split() == ["1000", "0"]  # the command first, its supervisor last
@@ -316,7 +320,7 @@ async def test_a_non_root_invoker_sees_the_engine_as_local(workspace: Path) -> N
     async with Sandbox(workspace, backend="docker") as sb:
         backend = sb.backend
         assert isinstance(backend, DockerBackend)
-        pid, cid = backend.init_pid, backend.container_id
+        pid, cid = backend.session.init_pid, backend.session.container_id
         assert pid is not None and cid is not None
         code = (
             "import os, sys\n"

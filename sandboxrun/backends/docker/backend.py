@@ -16,8 +16,6 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -32,6 +30,7 @@ from sandboxrun.backends.docker import rendezvous as sv
 from sandboxrun.backends.docker import seccomp as docker_seccomp
 from sandboxrun.backends.docker.config import BASE_IMAGE
 from sandboxrun.backends.docker.engine_exec import DockerRun, start_timeout
+from sandboxrun.backends.docker.session import ContainerSession
 from sandboxrun.backends.supervised import SupervisedRun, start_supervised
 from sandboxrun.engine import argv, results
 from sandboxrun.engine.launch import Launch, Stdio
@@ -130,22 +129,14 @@ class DockerBackend:
             except OSError:
                 owner = None
         self.user = cfg.parse_user(user, owner=owner)
+        self.session = ContainerSession(self.user)
+        """The container, as this backend and its engine-path runs share it."""
         self.seccomp = True
         """Whether containers get sandboxrun's seccomp profile (False once the engine said it
         cannot apply one: they then get the engine's default and ``isolation`` says so)."""
         self.shell = "bash" if image is None else "sh"
-        self.client: dockerapi.Client | None = None
-        self.container_id: str | None = None
-        self.local = False
-        self.init_pid: int | None = None
-        self.keep: frozenset[int] = frozenset()
-        self.cgroup_procs: str | None = None
-        self.run_cgroup_base: Path | None = None
-        """The container's cgroup v2 directory, when each exec gets a child cgroup there."""
-        self.active: set[str] = set()
         self._oom_before: dict[str, int | None] = {}
         """Per supervised run: the container's OOM kill count before it started."""
-        self.recycle_needed = False
         self._recycle_lock = anyio.Lock()
         self.limits_shown: set[str] | None = None
         """The limits the container's cgroup really shows (local engines), else None."""
@@ -163,8 +154,6 @@ class DockerBackend:
         self._rendezvous: sv.Rendezvous | None = None
         self.oom_file: str | None = None
         """The container's OOM-kill counter file (local engines), found once at open."""
-        self.supervisor_pid: int | None = None
-        """The supervisor's host pid (local engines), once it connected."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -176,12 +165,12 @@ class DockerBackend:
             except BaseException:  # cancelled, or no ready: the caller's close removes the rest
                 conn.close()
                 raise
-            supervisor.watch(self.supervisor_pid)  # stopped or gone: seen from here at once
+            supervisor.watch(self.session.supervisor_pid)  # stopped or gone: seen from here at once
             self.supervisor = supervisor
 
     def _open_sync(self) -> socket.socket | None:
-        self.keep, self.init_pid, self.supervisor_pid = frozenset(), None, None  # a recycle's
-        self.client = dockerapi.connect()
+        self.session.reset()  # a recycle's
+        self.session.client = dockerapi.connect()
         parent = sv.parent_dir(self.workspace.root) if self.want_supervisor else None
         if parent is not None:
             self._rendezvous = sv.Rendezvous(parent)
@@ -207,11 +196,11 @@ class DockerBackend:
         self._learn(cid)
         wanted = self._rendezvous is not None
         conn = self._meet_supervisor()
-        if conn is None and wanted and self.local:
+        if conn is None and wanted and self.session.local:
             # No supervisor can run here (no usable python3): a container with an init to
             # reap the engine's execs' orphans, which the idle ``sleep`` would not.
             self._discard(cid)
-            self.keep = frozenset()
+            self.session.keep = frozenset()
             cid = self._create()
             self._start(cid)
             self._learn(cid)
@@ -220,26 +209,26 @@ class DockerBackend:
     def _learn(self, cid: str) -> None:
         """What this host sees of the started container ``cid``: its PID 1, own processes,
         cgroup, limits and OOM counter (a local engine's only)."""
-        state = self.inspect_state()
+        state = self.session.state()
         if not state.get("Running"):
             raise BackendError(f"the sandbox container did not start: {state}")
         pid = int(state.get("Pid") or 0)
-        self.local = pid > 0 and engine_visible(pid, cid)
-        if self.local:
-            self.init_pid = pid
+        self.session.local = pid > 0 and engine_visible(pid, cid)
+        if self.session.local:
+            self.session.init_pid = pid
             if self._rendezvous is None:  # the init's children now are the main process
-                self.keep = main_processes(pid)
-            self.cgroup_procs = proctree.cgroup_procs_file(pid)
-            self.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
+                self.session.keep = main_processes(pid)
+            self.session.cgroup_procs = proctree.cgroup_procs_file(pid)
+            self.session.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
             self.oom_file = proctree.oom_file(pid)
 
     def _discard(self, cid: str) -> None:
         """Remove a container set up in vain (it is started again another way)."""
-        assert self.client is not None
-        self.container_id = None
+        assert self.session.client is not None
+        self.session.container_id = None
         error = dockerapi.remove_container(
-            self.client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
+            self.session.client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
         )
         if error is not None:
             self._left_behind(cid, error)
@@ -252,11 +241,11 @@ class DockerBackend:
         rendezvous, self._rendezvous = self._rendezvous, None
         if rendezvous is None:
             return None
-        init = self.init_pid
-        if not self.local or init is None or self.cgroup_procs is None:
+        init = self.session.init_pid
+        if not self.session.local or init is None or self.session.cgroup_procs is None:
             rendezvous.close()
             return None
-        procs = self.cgroup_procs
+        procs = self.session.cgroup_procs
 
         def gave_up() -> bool:
             if not proctree.alive(init):
@@ -270,18 +259,18 @@ class DockerBackend:
             if not sv.sleeping(proctree.read_pids(procs)):
                 raise BackendError("the sandbox's supervisor did not connect")
             return None
-        conn, self.supervisor_pid = met
+        conn, self.session.supervisor_pid = met
         chain: set[int] = {init}
-        pid = self.supervisor_pid
+        pid = self.session.supervisor_pid
         while pid not in (init, 0) and len(chain) < 64:  # an entrypoint's processes above it
             chain.add(pid)
             found = proctree.read_proc(pid)
             pid = found.ppid if found is not None else 0
-        self.keep = self.keep | frozenset(chain - {init})
+        self.session.keep = self.session.keep | frozenset(chain - {init})
         return conn
 
     def _create(self) -> str:
-        assert self.client is not None
+        assert self.session.client is not None
         config = cfg.host_config(
             workspace=self.workspace.root,
             policy=self.policy,
@@ -294,38 +283,25 @@ class DockerBackend:
             if self._rendezvous is None
             else (self._rendezvous.dir, sv.MOUNT, sv.MAIN_COMMAND),
         )
-        cid = self.container_id = dockerapi.create_container(self.client, config)
+        cid = self.session.container_id = dockerapi.create_container(self.session.client, config)
         return cid
 
     def _start(self, cid: str) -> bool:
         """Start the container: False (at once, no retry) when the engine cannot apply the
         seccomp profile it was given."""
-        assert self.client is not None
+        assert self.session.client is not None
         seccomp = self.seccomp
         return dockerapi.start_container(
-            self.client, cid, lambda said: seccomp and cfg.seccomp_unsupported(said)
+            self.session.client, cid, lambda said: seccomp and cfg.seccomp_unsupported(said)
         )
-
-    def dying(self) -> bool:
-        """Whether the container's own processes (init, main) are gone: read from /proc, so it
-        shows at once what the engine reports a moment later (local engines only)."""
-        if not self.init_pid:
-            return False
-        own = (self.init_pid, *self.keep, *([self.supervisor_pid] if self.supervisor_pid else []))
-        return not all(proctree.alive(pid) for pid in own)
-
-    def inspect_state(self) -> dict[str, Any]:
-        client, cid = self.client, self.container_id
-        assert client is not None and cid is not None
-        return dict(dockerapi.inspect_container(client, cid).get("State") or {})
 
     async def close(self) -> list[str]:
         """Remove the container within ``CLOSE_BUDGET_S``; what could not be removed (it keeps
         its labels: ``sandboxrun clean`` removes it) is logged and returned, one sentence each,
         with what a failed setup left behind before."""
-        cid = self.container_id
+        cid = self.session.container_id
         supervisor, self.supervisor = self.supervisor, None
-        self.supervisor_pid = None
+        self.session.supervisor_pid = None
         if supervisor is not None:
             with anyio.move_on_after(1.0):
                 await supervisor.close()
@@ -341,8 +317,8 @@ class DockerBackend:
 
     def _close_sync(self) -> None:
         # Taken at once: an abandoned close thread must never clear a later (reopened) client.
-        client, self.client = self.client, None
-        cid, self.container_id = self.container_id, None
+        client, self.session.client = self.session.client, None
+        cid, self.session.container_id = self.session.container_id, None
         if client is not None and cid is not None:
             error = dockerapi.remove_container(
                 client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
@@ -374,7 +350,7 @@ class DockerBackend:
 
         def shown() -> list[str]:
             return cfg.docker_exec_argv(
-                self.container_id or "<sandbox-container>",
+                self.session.container_id or "<sandbox-container>",
                 command,
                 env=env,
                 workdir=cwd,
@@ -408,23 +384,23 @@ class DockerBackend:
 
     def view(self) -> SandboxView:
         access = ContainerAccess(
-            container_id=self.container_id,
-            init_pid=self.init_pid,
-            local=bool(self.local),
+            container_id=self.session.container_id,
+            init_pid=self.session.init_pid,
+            local=bool(self.session.local),
             archive=None
-            if self.client is None or self.container_id is None
-            else dockerapi.Archive(self.client, self.container_id),
+            if self.session.client is None or self.session.container_id is None
+            else dockerapi.Archive(self.session.client, self.session.container_id),
             user=self.user,
         )
         return SandboxView(home=cfg.HOME, supervisor=self.supervisor, container=access)
 
     async def start(self, launch: Launch, stdio: Stdio) -> RunHandle:
-        if self.client is None or self.container_id is None:
+        if self.session.client is None or self.session.container_id is None:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
         if self.supervisor is not None:  # as it is now (a recycle may have changed it)
             return await self._start_supervised(launch, stdio)
-        run = DockerRun(self, launch, stdio.stdout, stdio.stderr)
-        self.active.add(launch.request.run_id)  # visible to a recycle from now on
+        run = DockerRun(self.session, launch, stdio.stdout, stdio.stderr)
+        self.session.active.add(launch.request.run_id)  # visible to a recycle from now on
         try:
             await run.start()
         except BackendError as exc:
@@ -441,16 +417,16 @@ class DockerBackend:
         is left (``_verify``)."""
         supervisor, run_id = self.supervisor, launch.request.run_id
         assert supervisor is not None
-        if supervisor.dead or self.dying():
-            self.recycle_needed = True
+        if supervisor.dead or self.session.dying():
+            self.session.recycle_needed = True
             why = "the sandbox container is not running (it will be recreated)"
             raise NotStarted("sandbox_error", why)
         oom_before = proctree.read_oom(self.oom_file) if self.oom_file else None
-        self.active.add(run_id)
+        self.session.active.add(run_id)
         try:
             run = await start_supervised(supervisor, launch, stdio, SPAWN_EXTRA, self._verify)
         except BaseException:
-            self.active.discard(run_id)
+            self.session.active.discard(run_id)
             raise
         self._oom_before[run_id] = oom_before
         return run
@@ -471,7 +447,7 @@ class DockerBackend:
         try:
             return dataclasses.replace(self._supervised_verdict(handle, sup), via="supervisor")
         finally:
-            self.active.discard(handle.run_id)
+            self.session.active.discard(handle.run_id)
 
     def _supervised_verdict(self, handle: SupervisedRun, sup: Supervision) -> Verdict:
         oom_before = self._oom_before.pop(handle.run_id, None)
@@ -479,8 +455,8 @@ class DockerBackend:
         status, _, sig = results.outcome(sup)
         if status == "completed" and not supervisor.dead:
             return Verdict()  # exited 0 and everything of it gone: nothing more to ask
-        if supervisor.dead or self.dying():
-            self.recycle_needed = True
+        if supervisor.dead or self.session.dying():
+            self.session.recycle_needed = True
             why = supervisor.dead or "its supervisor is gone"
             error = (
                 f"the sandbox container stopped or was removed during the exec ({why}); "
@@ -500,14 +476,16 @@ class DockerBackend:
         marked ancestor is this run. Those found in the first look, and what they fork, are
         killed (a neighbour's run starting meanwhile is never taken for one of them); returns
         how many could not be (``kill=False``: how many there are, one look)."""
-        if not self.cgroup_procs or not self.init_pid:
+        if not self.session.cgroup_procs or not self.session.init_pid:
             return 0
-        base = self.keep | {self.init_pid}
+        base = self.session.keep | {self.session.init_pid}
         known: set[tuple[int, int]] | None = None
         deadline = time.monotonic() + 1.0
         while True:
-            others = frozenset(self.active - {run_id})  # read afresh: execs come and go
-            live = proctree.cgroup_members(self.cgroup_procs, run_id, base=base, others=frozenset())
+            others = frozenset(self.session.active - {run_id})  # read afresh: execs come and go
+            live = proctree.cgroup_members(
+                self.session.cgroup_procs, run_id, base=base, others=frozenset()
+            )
             if others:
                 table = {p.pid: p for p in live}
                 live = [p for p in live if proctree.owner_by_marker(p.pid, table) == run_id]
@@ -528,19 +506,23 @@ class DockerBackend:
         (``_recycle``; a call meanwhile waits for the one under way)."""
         if self.supervisor is not None:
             self.supervisor.probe(deep=True)
-            self.recycle_needed = self.recycle_needed or self.supervisor.dead is not None
-        if self.recycle_needed or self._recycle_lock.locked():
+            self.session.recycle_needed = (
+                self.session.recycle_needed or self.supervisor.dead is not None
+            )
+        if self.session.recycle_needed or self._recycle_lock.locked():
             await self._recycle()
 
     async def _recycle(self) -> None:
         """Replace the container, once, after the execs still running in it have ended (they
         are not killed by a neighbour's recycle; new execs wait here meanwhile)."""
         async with self._recycle_lock:
-            if not self.recycle_needed:
+            if not self.session.recycle_needed:
                 return  # another exec recycled it while this one waited
-            while self.active:  # noqa: ASYNC110 - runs leave `active` in worker threads
+            while self.session.active:  # noqa: ASYNC110 - runs leave `active` in worker threads
                 await anyio.sleep(0.05)
             with anyio.CancelScope(shield=True):  # never half done: no container, or a leak
                 self.close_errors += await self.close()  # kept: the sandbox's close reports
                 await self.open()
-            self.recycle_needed = False  # only now: a failed open is retried by the next exec
+            self.session.recycle_needed = (
+                False  # only now: a failed open is retried by the next exec
+            )

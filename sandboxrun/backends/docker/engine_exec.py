@@ -26,7 +26,7 @@ from sandboxrun.errors import BackendError
 from sandboxrun.supervisor import procfs as proctree
 
 if TYPE_CHECKING:
-    from sandboxrun.backends.docker.backend import DockerBackend
+    from sandboxrun.backends.docker.session import ContainerSession
 
 CHUNK = 64 * 1024
 YIELD_EVERY = 16
@@ -67,9 +67,9 @@ def wait_status_from_exit_code(code: int | None) -> int | None:
 
 class DockerRun:
     def __init__(
-        self, backend: DockerBackend, launch: Launch, out: StreamCapture, err: StreamCapture
+        self, session: ContainerSession, launch: Launch, out: StreamCapture, err: StreamCapture
     ) -> None:
-        self.backend = backend
+        self.session = session
         self.launch = launch
         self.request = request = launch.request
         self.captures = {"stdout": out, "stderr": err}
@@ -89,26 +89,23 @@ class DockerRun:
         self.termed: set[tuple[int, int]] = set()
         self.had_leftovers = False
         self.stdin_left = request.stdin
-        base = backend.run_cgroup_base
+        base = session.run_cgroup_base
         self.cgroup = RunCgroup(base, request.run_id) if base is not None else None
 
     @property
     def client(self) -> dockerapi.Client:
-        client = self.backend.client
-        if client is None:
-            raise BackendError("docker: the sandbox was closed")
-        return client
+        return self.session.api()
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._start_sync)
 
     def _start_sync(self) -> None:
-        backend, request = self.backend, self.request
-        backend.active.add(request.run_id)
-        if backend.init_pid:
-            self.oom_before = proctree.oom_kills(backend.init_pid)
-        if backend.dying():
-            backend.recycle_needed = True
+        session, request = self.session, self.request
+        session.active.add(request.run_id)
+        if session.init_pid:
+            self.oom_before = proctree.oom_kills(session.init_pid)
+        if session.dying():
+            session.recycle_needed = True
             raise BackendError("the sandbox container is not running (it will be recreated)")
         command = self.launch.argv
         if self.cgroup is not None:
@@ -119,15 +116,15 @@ class DockerRun:
                     f"cannot create the exec's cgroup {self.cgroup.path}: {exc}"
                 ) from exc
             command = stub_argv(command)
-        assert backend.container_id is not None
+        assert session.container_id is not None
         self.exec_id = dockerapi.exec_create(
             self.client,
-            backend.container_id,
+            session.container_id,
             command,
             stdin=request.stdin is not None,
             environment=dict(self.launch.env),
             workdir=self.launch.cwd,
-            user=backend.user,
+            user=session.user,
         )
         self.keep = dockerapi.exec_attach(self.client, self.exec_id)
         raw = getattr(self.keep, "_sock", self.keep)
@@ -158,8 +155,8 @@ class DockerRun:
                 return  # continued by someone else before it stopped: it runs, in its cgroup
             now = time.monotonic()
             if not members and now >= next_inspect:
-                if self.backend.dying():
-                    self.backend.recycle_needed = True
+                if self.session.dying():
+                    self.session.recycle_needed = True
                     raise BackendError("the sandbox container stopped while the exec started")
                 info = self._inspect()
                 if not info.get("Running") and info.get("ExitCode") is not None:
@@ -168,7 +165,7 @@ class DockerRun:
             time.sleep(pause)  # a stub still starting (slow under a CPU limit) is waited for
             if now - began > START_FAST_S:
                 pause = min(pause * 1.5, START_POLL_MAX_S)
-        self.backend.recycle_needed = True  # whatever starts later dies with the container
+        self.session.recycle_needed = True  # whatever starts later dies with the container
         raise BackendError(f"docker: the exec did not start within {allowed:.0f} s")
 
     # -- output -----------------------------------------------------------------------------
@@ -303,7 +300,7 @@ class DockerRun:
         mid-reparenting can be invisible to one."""
         if self.cgroup is None and self.exit_info is None:
             info = await anyio.to_thread.run_sync(self._wait_started)
-            if self.backend.local:  # the exec pid: found without its environ
+            if self.session.local:  # the exec pid: found without its environ
                 self.exec_pid = int(info.get("Pid") or 0) if info.get("Running") else 0
                 known = proctree.read_proc(self.exec_pid) if self.exec_pid else None
                 self.exec_start = known.start if known is not None else None
@@ -319,7 +316,7 @@ class DockerRun:
             await anyio.sleep(SWEEP_TICK_S)
             alive = await self._settled("KILL")
         if alive:
-            self.backend.recycle_needed = True
+            self.session.recycle_needed = True
             return Termination(survivors=alive, error=f"{alive} process(es) could not be killed")
         if self.cgroup is not None:
             cpu = self.cgroup.cpu_s()
@@ -357,7 +354,7 @@ class DockerRun:
 
     async def _sweep(self, sig: str) -> int:
         """Signal the exec's processes (TERM only once per process); return how many live."""
-        backend, cgroup = self.backend, self.cgroup
+        session, cgroup = self.session, self.cgroup
         if cgroup is not None:
             if sig == "TERM":
                 self._term_once(cgroup.members())
@@ -365,20 +362,20 @@ class DockerRun:
                 cgroup.kill()
             alive = len(cgroup.members())
             return alive if alive or not cgroup.populated() else 1
-        if backend.local:
-            if backend.cgroup_procs and backend.init_pid:
+        if session.local:
+            if session.cgroup_procs and session.init_pid:
                 procs = proctree.cgroup_members(
-                    backend.cgroup_procs,
+                    session.cgroup_procs,
                     self.request.run_id,
-                    base=backend.keep | {backend.init_pid},
-                    others=frozenset(backend.active - {self.request.run_id}),
+                    base=session.keep | {session.init_pid},
+                    others=frozenset(session.active - {self.request.run_id}),
                     roots=self._own_root(),
                 )
             else:
                 procs = proctree.members(
                     self.request.run_id,
-                    init_pid=backend.init_pid,
-                    keep=backend.keep,
+                    init_pid=session.init_pid,
+                    keep=session.keep,
                     roots=self._own_root(),
                 )
             if sig == "TERM":
@@ -395,12 +392,12 @@ class DockerRun:
         proctree.signal_all(fresh, signal.SIGTERM)
 
     def _sweep_in_container(self, sig: str) -> int:
-        cid = self.backend.container_id
+        cid = self.session.container_id
         try:
             assert cid is not None
             client = self.client
             argv = cfg.sweep_argv(self.request.run_id, sig)
-            made = dockerapi.exec_create(client, cid, argv, user=self.backend.user)
+            made = dockerapi.exec_create(client, cid, argv, user=self.session.user)
             output = dockerapi.exec_output(client, made)
             return int(output.decode().strip().splitlines()[-1])
         except (BackendError, ValueError, IndexError):
@@ -408,7 +405,7 @@ class DockerRun:
 
     def _container_running(self) -> bool:
         try:
-            return bool(self.backend.inspect_state().get("Running"))
+            return bool(self.session.state().get("Running"))
         except BackendError:
             return False
 
@@ -416,9 +413,9 @@ class DockerRun:
     async def verdict(self, sup: Supervision) -> Verdict:
         """Container death and OOM are facts of the container, not of the exec's exit code
         (asked only when the exec did not end by a plain exit)."""
-        backend = self.backend
+        session = self.session
         status, exit_code, sig = results.outcome(sup)
-        init_dead = backend.dying()
+        init_dead = session.dying()
         plain = exit_code is not None and sig is None and not self.stream_error
         if plain and not init_dead and not self.had_leftovers:
             return Verdict()
@@ -430,13 +427,13 @@ class DockerRun:
             with anyio.move_on_after(DEATH_WAIT_S if unsent_signal else LEFTOVER_DEATH_WAIT_S):
                 while state.get("Running") and not init_dead:
                     await anyio.sleep(0.05)
-                    init_dead = backend.dying()
-                    if not backend.init_pid:
+                    init_dead = session.dying()
+                    if not session.init_pid:
                         state = await anyio.to_thread.run_sync(self._state_or_empty)
-        oom_after = proctree.oom_kills(backend.init_pid) if backend.init_pid else None
+        oom_after = proctree.oom_kills(session.init_pid) if session.init_pid else None
         exec_oom = None not in (self.oom_before, oom_after) and oom_after != self.oom_before
         if init_dead or not state.get("Running"):
-            backend.recycle_needed = True
+            session.recycle_needed = True
             error = (
                 "the sandbox container stopped or was removed during the exec "
                 f"(state: {state.get('Status', 'gone')})"
@@ -452,7 +449,7 @@ class DockerRun:
 
     def _state_or_empty(self) -> dict[str, Any]:
         try:
-            return self.backend.inspect_state()
+            return self.session.state()
         except BackendError:  # (NotFoundError too: the container is gone)
             return {}
 
@@ -471,9 +468,9 @@ class DockerRun:
                         break
                     time.sleep(SWEEP_TICK_S)
                 if not cgroup.remove() and cgroup.populated():
-                    self.backend.recycle_needed = True  # unkillable: the next exec starts afresh
+                    self.session.recycle_needed = True  # unkillable: the next exec starts afresh
         finally:
-            self.backend.active.discard(self.request.run_id)
+            self.session.active.discard(self.request.run_id)
         if self.sock is not None:
             with suppress(OSError):
                 self.sock.close()
