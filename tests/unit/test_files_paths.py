@@ -22,7 +22,8 @@ from sandboxrun import (
     SandboxPermissionError,
     WorkspaceError,
 )
-from sandboxrun.api.files import ChunkReader, SandboxFiles
+from sandboxrun.api.files import SandboxFiles
+from sandboxrun.api.files_archive import ChunkReader
 from sandboxrun.api.files_paths import (
     DirEntry,
     Target,
