@@ -4,6 +4,7 @@ Heavy modules (docker, psutil, pydantic models) are imported inside the commands
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import socket
@@ -200,6 +201,52 @@ def _clean_spill(root: Path, older_than: str | None, max_total: str | None) -> s
     )
 
 
+def _clean_scopes(all_: bool, verbose: bool) -> bool:
+    """Stop the managed scopes whose owner is gone (``all_``: every one); False on a failure
+    (said on stderr)."""
+    from sandboxrun.backends import housekeeping
+    from sandboxrun.backends.registry import probe
+
+    systemd = probe("systemd-scope")
+    if not systemd.available:
+        if verbose:
+            _problem(f"scopes: skipped ({systemd.reason})")
+        return True
+    try:
+        scopes = [s for s in housekeeping.list_scopes() if all_ or not s.owner_alive]
+        for scope in scopes:
+            housekeeping.stop_scope(scope.unit)
+    except BackendError as exc:
+        _problem(f"scopes: failed ({exc})")
+        return False
+    sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
+    return True
+
+
+def _clean_containers(all_: bool, verbose: bool) -> bool:
+    """Remove the managed containers whose owner is gone (``all_``: every one); one already
+    gone (it removes itself once its supervisor sees its owner die) counts as removed. False
+    on a failure (said on stderr)."""
+    from sandboxrun.backends import housekeeping
+    from sandboxrun.backends.docker import api as dockerapi
+
+    client = _engine(verbose)
+    if client is None:
+        return True
+    try:
+        gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
+        for row in gone:
+            with contextlib.suppress(dockerapi.NotFoundError):  # removed meanwhile
+                housekeeping.remove(client, row.id)
+    except BackendError as exc:
+        _problem(f"containers: failed ({exc})")
+        return False
+    finally:
+        client.close()
+    sys.stdout.write(f"removed {len(gone)} container(s)\n")
+    return True
+
+
 @app.command()
 def clean(
     older_than: Annotated[
@@ -236,8 +283,6 @@ def clean(
     prune the spill root to its caps (the files of open sandboxes are never touched). An
     unavailable backend is skipped silently (said with -v); an available one that fails is
     said on stderr and the exit status is 1."""
-    from sandboxrun.backends import housekeeping
-    from sandboxrun.backends.registry import probe
     from sandboxrun.engine.capture.spill import default_spill_root
 
     failed = False
@@ -249,30 +294,8 @@ def clean(
     except OSError as exc:
         failed = True
         _problem(f"spill: failed ({exc})")
-    systemd = probe("systemd-scope")
-    if systemd.available:
-        try:
-            scopes = [s for s in housekeeping.list_scopes() if all_ or not s.owner_alive]
-            for scope in scopes:
-                housekeeping.stop_scope(scope.unit)
-            sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
-        except BackendError as exc:
-            failed = True
-            _problem(f"scopes: failed ({exc})")
-    elif verbose:
-        _problem(f"scopes: skipped ({systemd.reason})")
-    client = _engine(verbose)
-    if client is not None:
-        try:
-            gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
-            for row in gone:
-                housekeeping.remove(client, row.id)
-            sys.stdout.write(f"removed {len(gone)} container(s)\n")
-        except BackendError as exc:
-            failed = True
-            _problem(f"containers: failed ({exc})")
-        finally:
-            client.close()
+    failed = not _clean_scopes(all_, verbose) or failed
+    failed = not _clean_containers(all_, verbose) or failed
     sys.stdout.flush()
     if failed:
         raise typer.Exit(1)
