@@ -43,10 +43,15 @@ stop_host() {  # on an early exit: the host container (labelled with its script'
   if [ -n "$host_pid" ]; then
     docker ps -aq --filter "label=sandboxrun.test-host.owner_pid=$host_pid" | xargs -r docker rm -f >/dev/null 2>&1 || true
     kill -TERM "$host_pid" 2>/dev/null || true
+    echo "== systemd test host (stopped early; its log so far)"; cat "$host_log" 2>/dev/null || true
   fi
   rm -f "$host_log"
 }
 trap stop_host EXIT
+# A background job starts with SIGINT ignored (non-interactive bash): Ctrl-C reaches pytest
+# only, so this script must end on it itself (the EXIT trap then stops the host).
+trap 'exit 130' INT
+trap 'exit 143' TERM
 if docker info >/dev/null 2>&1; then
   echo "== systemd test host (in the background, alongside pytest)"
   bash scripts/systemd-host.sh -p no:cacheprovider >"$host_log" 2>&1 &

@@ -71,11 +71,14 @@ class ArchiveFiles:
             raise SandboxFileError(f"cannot reach {target.shown!r}: {exc}", target.shown) from None
 
     @staticmethod
-    def _archive_get(archive: Archive, path: str, target: Target) -> Any:
+    def _archive_get(archive: Archive, path: str, target: Target, doing: str) -> Any:
         try:
-            return archive.get(path)
+            stream = archive.get(path)
         except BackendError as exc:
             raise SandboxFileError(f"cannot reach {target.shown!r}: {exc}", target.shown) from None
+        if stream is None:  # gone since its stat (or its container is)
+            raise file_error(OSError(errno.ENOENT, os.strerror(errno.ENOENT)), target, doing)
+        return stream
 
     def _archive_resolve(
         self, target: Target, doing: str, *, may_miss: bool = False
@@ -123,7 +126,7 @@ class ArchiveFiles:
             )
         if size > max_bytes:
             raise SandboxFileTooLargeError(target.shown, size, max_bytes)
-        stream = self._archive_get(archive, path, target)
+        stream = self._archive_get(archive, path, target, "read")
         try:
             reader = ChunkReader(stream, size + (1 << 20))  # the tar's headers and padding
             with tarfile.open(fileobj=reader, mode="r|") as tar:
@@ -175,7 +178,7 @@ class ArchiveFiles:
             raise SandboxNotADirectoryError(
                 f"cannot list {target.shown!r}: not a directory", target.shown, errno.ENOTDIR
             )
-        stream = self._archive_get(archive, path, target)
+        stream = self._archive_get(archive, path, target, "list")
         entries: list[DirEntry] = []
         try:
             with tarfile.open(fileobj=ChunkReader(stream, ARCHIVE_LIST_CAP), mode="r|") as tar:

@@ -31,8 +31,8 @@ class Archive(Protocol):
         when missing."""
         ...
 
-    def get(self, path: str) -> Any:
-        """A tar stream of ``path``, with ``read`` and ``close``."""
+    def get(self, path: str) -> Any | None:
+        """A tar stream of ``path``, with ``read`` and ``close``; None when it is missing."""
         ...
 
     def put(self, directory: str, tar: bytes) -> None:

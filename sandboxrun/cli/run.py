@@ -41,6 +41,7 @@ from sandboxrun.errors import (
 
 if TYPE_CHECKING:
     from sandboxrun.api.sandbox import Sandbox
+    from sandboxrun.cli.terminal import LiveWriter
     from sandboxrun.engine.request import ExecRequest
     from sandboxrun.models import ExecResult, Policy
 
@@ -504,30 +505,74 @@ def run(
         if outcome is None:
             _cancelled_before_start(json_out)
         result = outcome
-        wider = result.denial.escalate_to if result.denial is not None else None
-        if ask and not json_out and wider is not None and wider != sb.policy:  # --json: never
-            say(denial_line(result) or "")
-            shown_denial = True
-            if ask_to_escalate(sb.policy, wider):
-                widened, again = sb.escalated(request, wider)
-                live = LiveWriter()
-                again = dataclasses.replace(again, sink=live)
-                try:
-                    outcome = anyio.run(_execute, widened, again, interactive)
-                finally:
-                    live.close()
-                    for message in widened.close_errors:
-                        say(f"sandboxrun: warning: {message}")
-                if outcome is None:
-                    _cancelled_before_start(json_out)
-                result = results.amend(outcome, escalated_from=sb.policy)
-                shown_denial = False
+        if ask and not json_out:  # --json: never
+            result, live, shown_denial = _offer_escalation(sb, request, result, live, interactive)
         if sb.close_errors and json_out:  # --json readers learn of it too (stderr has it)
             result = results.amend(result, warnings=sb.close_errors)
     except (typer.Exit, SystemExit):
         raise
     except (Exception, KeyboardInterrupt) as exc:
         raise _error_exit(exc, json_out) from None
+    _report(
+        result,
+        live,
+        json_out=json_out,
+        keep_spill=keep_spill,
+        timeout_s=request.timeout_s,
+        memory_bytes=sb.limits.memory_bytes,
+        denial_shown=shown_denial,
+    )
+
+
+def _offer_escalation(
+    sb: Sandbox,
+    request: ExecRequest,
+    result: ExecResult,
+    live: LiveWriter | None,
+    interactive: bool,
+) -> tuple[ExecResult, LiveWriter | None, bool]:
+    """``--ask``: a refusal the sandbox could lift (its denial names a wider policy) is said,
+    and the command runs again under that policy if the user agrees. ``(the result to report,
+    the live writer it was shown with, whether its denial was said already)``."""
+    import anyio
+
+    from sandboxrun.cli.terminal import LiveWriter
+    from sandboxrun.engine import results
+
+    wider = result.denial.escalate_to if result.denial is not None else None
+    if wider is None or wider == sb.policy:
+        return result, live, False
+    say(denial_line(result) or "")
+    if not ask_to_escalate(sb.policy, wider):
+        return result, live, True
+    widened, again = sb.escalated(request, wider)
+    live = LiveWriter()
+    again = dataclasses.replace(again, sink=live)
+    try:
+        outcome = anyio.run(_execute, widened, again, interactive)
+    finally:
+        live.close()
+        for message in widened.close_errors:
+            say(f"sandboxrun: warning: {message}")
+    if outcome is None:
+        _cancelled_before_start(json_out=False)
+    return results.amend(outcome, escalated_from=sb.policy), live, False
+
+
+def _report(
+    result: ExecResult,
+    live: LiveWriter | None,
+    *,
+    json_out: bool,
+    keep_spill: bool,
+    timeout_s: float,
+    memory_bytes: int | None,
+    denial_shown: bool,
+) -> NoReturn:
+    """Say the result (stderr: warnings and the summary line; ``--json``: the result object on
+    stdout) and exit with the command's status."""
+    from sandboxrun.engine import results
+
     if result.fallback_reason:
         say(f"sandboxrun: warning: falling back to {result.backend}: {result.fallback_reason}")
     if result.missing_guarantees:
@@ -547,9 +592,9 @@ def run(
         live.stats if live else None,
         shown_live=not json_out,
         spill_kept=keep_spill,
-        timeout_s=request.timeout_s,
-        memory_bytes=sb.limits.memory_bytes,
-        denial_shown=shown_denial,
+        timeout_s=timeout_s,
+        memory_bytes=memory_bytes,
+        denial_shown=denial_shown,
     )
     if line:
         say(line)

@@ -158,11 +158,14 @@ def buffered_bytes(stream: object) -> bytes:
 
 
 # -- containers --------------------------------------------------------------------------------
-def list_labelled(client: DockerClient, label: str) -> list[dict[str, Any]]:
+def list_labelled(
+    client: DockerClient, label: str, *, budget_s: float = API_TIMEOUT_S
+) -> list[dict[str, Any]]:
     """Every container (running or not) with the label ``label`` (``key=value``)."""
     found = retrying(
         lambda: client.api.containers(all=True, filters={"label": label}),
         what="list managed containers",
+        budget_s=budget_s,
     )
     return [dict(item) for item in found]
 
@@ -336,12 +339,12 @@ class Archive:
         header = res.headers.get("x-docker-container-path-stat")
         return dict(docker.utils.decode_json_header(header)) if header else {"mode": 0}
 
-    def get(self, path: str) -> Any:
-        """A tar stream of ``path`` (close it when done)."""
+    def get(self, path: str) -> Any | None:
+        """A tar stream of ``path`` (close it when done); None when it is missing."""
         try:
             stream, _ = self._api.get_archive(self._cid, path)
-        except docker.errors.NotFound as exc:
-            raise NotFoundError(str(exc.explanation or exc)) from None
+        except docker.errors.NotFound:
+            return None
         except docker.errors.APIError as exc:
             raise BackendError(str(exc.explanation or exc)) from None
         except (requests.exceptions.RequestException, OSError) as exc:

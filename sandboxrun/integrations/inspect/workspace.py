@@ -184,7 +184,7 @@ def _containers(client: DockerClient | None) -> list[tuple[str, str]]:
     if client is None:
         return []
     try:
-        found = dockerapi.list_labelled(client, "sandboxrun.managed=true")
+        found = dockerapi.list_labelled(client, "sandboxrun.managed=true", budget_s=10)
     except Exception:  # the engine went away: the workspaces are still ours to remove
         return []
     rows = []
