@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -80,3 +81,33 @@ def test_clean_removes_the_container_of_a_killed_owner_only(
         stranger.remove(force=True)
         for cid in managed_ids(client, owner.pid):
             client.api.remove_container(cid, force=True)
+
+
+def test_clean_counts_a_container_that_removed_itself_meanwhile(
+    client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead owner's supervised container removes itself: it may be gone between `clean`'s
+    listing and its removal. That is no failure (exit 0, counted), and the rows after it are
+    still removed; the engine really answers "no such container" here."""
+    from typer.testing import CliRunner
+
+    from sandboxrun.backends import housekeeping
+    from sandboxrun.cli.app import app
+
+    gone = client.containers.create(BASE_IMAGE, ["true"])
+    gone.remove(force=True)  # a real id the engine no longer has
+    doomed = client.containers.create(BASE_IMAGE, ["sleep", "infinity"])  # not labelled: ours
+    rows = [
+        housekeeping.Managed(str(gone.id), "gone", "exited", None, "", 0, False),
+        housekeeping.Managed(str(doomed.id), "doomed", "created", None, "", 0, False),
+    ]
+    monkeypatch.setattr(housekeeping, "list_managed", lambda _client: rows)  # these two only
+    try:
+        done = CliRunner().invoke(app, ["clean", "--spill-dir", str(tmp_path)])
+        assert done.exit_code == 0, done.output
+        assert "removed 2 container(s)" in done.output
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(str(doomed.id))  # the row after the vanished one went too
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            doomed.remove(force=True)
