@@ -439,3 +439,36 @@ def test_open_beneath_hands_the_rest_over_where_it_stops(tree: Path) -> None:
     fd, _ = open_host(str(tree / "in"), os.O_RDONLY, 0, str(tree / "d"), enter)
     os.close(fd)
     assert seen[-1] == "g"  # the host walk is the same walk, from /
+
+
+# -- the archive strategy's handling of the engine's answers ------------------------------------
+class VanishingArchive:
+    """An engine whose file is gone between its stat and its read (a command removed it)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def stat(self, path: str) -> dict[str, object] | None:
+        self.asked.append(path)
+        return {"mode": 1 << 31} if path in ("/workspace",) else {"mode": 0o644, "size": 3}
+
+    def get(self, path: str) -> object | None:
+        self.asked.append(f"get {path}")
+        return None  # the engine's 404
+
+    def put(self, directory: str, tar: bytes) -> None:
+        raise AssertionError("not written")
+
+
+def test_a_file_gone_between_stat_and_read_is_not_found() -> None:
+    from sandboxrun.api.files_archive import ArchiveFiles
+    from sandboxrun.backends.base import ContainerAccess
+    from sandboxrun.errors import SandboxFileNotFoundError
+
+    archive = VanishingArchive()
+    access = ContainerAccess("c0ffee", None, False, archive, "1000:1000")
+    files = ArchiveFiles(lambda: access, "/workspace", "/home/sandbox")
+    target = Target("f.txt", "/workspace/f.txt", "f.txt")
+    with pytest.raises(SandboxFileNotFoundError, match=r"f\.txt"):
+        files.read(target, 100)
+    assert archive.asked == ["/workspace", "/workspace/f.txt", "get /workspace/f.txt"]
