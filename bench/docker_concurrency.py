@@ -109,7 +109,8 @@ async def measure(
     try:
         async with Sandbox(workspace, backend="docker", limits=limits) as sb:
             network = sb.policy.network
-            cid = getattr(sb.backend, "container_id", None)
+            access = sb.backend.view().container  # the contract: no backend attribute
+            cid = None if access is None else access.container_id
             assert isinstance(cid, str)
             for _ in range(3):  # warm-up: the login snapshot, code paths, connections
                 await sb.exec(["true"])

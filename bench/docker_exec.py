@@ -163,7 +163,8 @@ async def measure(n: int, phase_n: int, settle_s: float, workspace: Path) -> dic
             Sandbox(workspace, backend="docker", limits=limits, login="each") as sb_each,
         ):
             network = sb.policy.network
-            cid = getattr(sb.backend, "container_id", None)
+            access = sb.backend.view().container  # the contract: no backend attribute
+            cid = None if access is None else access.container_id
             assert isinstance(cid, str)
 
             def note(name: str, result: ExecResult) -> None:

@@ -203,7 +203,8 @@ async def measure(repeats: int, timeout_s: float, grace_s: float, workspace: Pat
     client = docker_client()
     try:
         async with Sandbox(workspace, backend="docker", limits=limits) as sb:
-            cid = getattr(sb.backend, "container_id", None)
+            access = sb.backend.view().container  # the contract: no backend attribute
+            cid = None if access is None else access.container_id
             assert isinstance(cid, str)
             await sb.exec(["true"])  # warm-up
             own_rows = await anyio.to_thread.run_sync(top, client, cid)

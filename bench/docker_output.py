@@ -164,7 +164,8 @@ async def compare(n: int, repeats: int, with_engine: bool, workspace: Path) -> d
     client = docker_client()
     try:
         async with Sandbox(workspace, backend="docker", limits=limits) as sb:
-            cid = getattr(sb.backend, "container_id", None)
+            access = sb.backend.view().container  # the contract: no backend attribute
+            cid = None if access is None else access.container_id
             assert isinstance(cid, str)
             await sb.exec(["true"])  # warm-up: code paths imported, snapshot taken
             await sb.exec(head_argv(min(n, 1 << 20)))
