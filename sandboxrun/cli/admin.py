@@ -225,26 +225,33 @@ def _clean_scopes(all_: bool, verbose: bool) -> bool:
 
 def _clean_containers(all_: bool, verbose: bool) -> bool:
     """Remove the managed containers whose owner is gone (``all_``: every one); one already
-    gone (it removes itself once its supervisor sees its owner die) counts as removed. False
-    on a failure (said on stderr)."""
+    gone or being removed (it removes itself once its supervisor sees its owner die) counts
+    as removed, and one that fails does not stop the others. False on a failure (said on
+    stderr)."""
     from sandboxrun.backends import housekeeping
     from sandboxrun.backends.docker import api as dockerapi
 
     client = _engine(verbose)
     if client is None:
         return True
+    removed, ok = 0, True
     try:
         gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
         for row in gone:
-            with contextlib.suppress(dockerapi.NotFoundError):  # removed meanwhile
-                housekeeping.remove(client, row.id)
+            try:
+                with contextlib.suppress(dockerapi.NotFoundError):  # removed meanwhile
+                    housekeeping.remove(client, row.id)
+                removed += 1
+            except BackendError as exc:
+                ok = False
+                _problem(f"containers: cannot remove {row.id[:12]} ({exc})")
     except BackendError as exc:
         _problem(f"containers: failed ({exc})")
         return False
     finally:
         client.close()
-    sys.stdout.write(f"removed {len(gone)} container(s)\n")
-    return True
+    sys.stdout.write(f"removed {removed} container(s)\n")
+    return ok
 
 
 @app.command()

@@ -38,3 +38,46 @@ def test_a_closed_session_says_so() -> None:
         session.api()
     with pytest.raises(BackendError, match="closed"):
         session.state()
+
+
+class RemovingEngine:
+    """The engine's answers to a force-remove (docker-py's low-level API), one per call."""
+
+    def __init__(self, *answers: Exception | None) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def remove_container(self, container_id: str, force: bool, v: bool) -> None:
+        self.calls += 1
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+
+
+class FakeClient:
+    def __init__(self, api: RemovingEngine) -> None:
+        self.api = api
+
+
+def conflict(explanation: str) -> Exception:
+    import docker.errors
+    import requests
+
+    response = requests.Response()
+    response.status_code, response.reason, response.url = 409, "Conflict", "http://engine/x"
+    return docker.errors.APIError("409 Client Error", response, explanation=explanation)
+
+
+def test_a_container_being_removed_already_is_not_found() -> None:
+    from sandboxrun.backends.docker import api as dockerapi
+
+    busy = conflict("removal of container abc is already in progress")
+    engine = RemovingEngine(busy)
+    with pytest.raises(dockerapi.NotFoundError, match="being removed"):
+        dockerapi.remove_now(FakeClient(engine), "abc")  # type: ignore[arg-type]
+    assert engine.calls == 1  # not retried: nothing to wait for
+    other = conflict("conflict: the container is in use")
+    with pytest.raises(BackendError) as refused:
+        dockerapi.remove_now(FakeClient(RemovingEngine(other)), "abc")  # type: ignore[arg-type]
+    assert not isinstance(refused.value, dockerapi.NotFoundError)
+    dockerapi.remove_now(FakeClient(RemovingEngine(None)), "abc")  # type: ignore[arg-type]

@@ -171,11 +171,20 @@ def list_labelled(
 
 
 def remove_now(client: DockerClient, container_id: str) -> None:
-    """Force-remove a container with its anonymous volumes (``NotFoundError``: gone already)."""
-    retrying(
-        lambda: client.api.remove_container(container_id, force=True, v=True),
-        what=f"remove container {container_id[:12]}",
-    )
+    """Force-remove a container with its anonymous volumes. ``NotFoundError``: it is gone
+    already, or the engine is removing it already (an ``auto_remove`` container that
+    stopped: the engine answers 409)."""
+
+    def remove() -> None:
+        try:
+            client.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409 and "in progress" in str(exc):
+                why = f"docker: container {container_id[:12]} is being removed"
+                raise NotFoundError(why) from exc
+            raise
+
+    retrying(remove, what=f"remove container {container_id[:12]}")
 
 
 def create_container(client: DockerClient, config: dict[str, Any]) -> str:
@@ -316,8 +325,8 @@ def registry_has(client: DockerClient, image: str) -> tuple[int | None, str] | N
 
 # -- files: the archive API (an engine that is not on this host) --------------------------------
 class Archive:
-    """A container's files through the engine's archive API. Errors are ``BackendError`` with
-    the engine's own words (``NotFoundError``: no such path)."""
+    """A container's files through the engine's archive API. A missing path is None (``stat``,
+    ``get``); errors are ``BackendError`` with the engine's own words."""
 
     def __init__(self, client: DockerClient, container_id: str) -> None:
         self._api: Any = client.api  # (its private _url, _raise_for_status: no HEAD call else)
