@@ -38,6 +38,11 @@ def test_a_closed_session_says_so() -> None:
         session.api()
     with pytest.raises(BackendError, match="closed"):
         session.state()
+    with pytest.raises(BackendError, match="closed"):
+        session.require()  # a run ending after the close (its sweep) is told, not crashed
+    session.container_id = "c0ffee"
+    with pytest.raises(BackendError, match="closed"):
+        session.require()  # an id without a client is no container either
 
 
 class RemovingEngine:

@@ -116,17 +116,17 @@ class DockerRun:
                     f"cannot create the exec's cgroup {self.cgroup.path}: {exc}"
                 ) from exc
             command = stub_argv(command)
-        assert session.container_id is not None
+        client, cid = session.require()
         self.exec_id = dockerapi.exec_create(
-            self.client,
-            session.container_id,
+            client,
+            cid,
             command,
             stdin=request.stdin is not None,
             environment=dict(self.launch.env),
             workdir=self.launch.cwd,
             user=session.user,
         )
-        self.keep = dockerapi.exec_attach(self.client, self.exec_id)
+        self.keep = dockerapi.exec_attach(client, self.exec_id)
         raw = getattr(self.keep, "_sock", self.keep)
         if not isinstance(raw, socket.socket):
             raise BackendError(f"docker: unexpected exec stream object {type(raw).__name__}")
@@ -392,10 +392,8 @@ class DockerRun:
         proctree.signal_all(fresh, signal.SIGTERM)
 
     def _sweep_in_container(self, sig: str) -> int:
-        cid = self.session.container_id
         try:
-            assert cid is not None
-            client = self.client
+            client, cid = self.session.require()  # (closed meanwhile: gone, not a crash)
             argv = cfg.sweep_argv(self.request.run_id, sig)
             made = dockerapi.exec_create(client, cid, argv, user=self.session.user)
             output = dockerapi.exec_output(client, made)

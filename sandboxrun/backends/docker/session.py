@@ -50,6 +50,14 @@ class ContainerSession:
             raise BackendError("docker: the sandbox was closed")
         return self.client
 
+    def require(self) -> tuple[dockerapi.Client, str]:
+        """``(client, container id)``, or ``BackendError`` once the sandbox was closed (a run
+        may still be ending then: its caller turns that into "gone", never a crash)."""
+        client, cid = self.client, self.container_id
+        if client is None or cid is None:
+            raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
+        return client, cid
+
     def dying(self) -> bool:
         """Whether the container's own processes (init, main) are gone: read from /proc, so it
         shows at once what the engine reports a moment later (local engines only)."""
@@ -60,7 +68,5 @@ class ContainerSession:
 
     def state(self) -> dict[str, Any]:
         """The engine's ``State`` of the container."""
-        client, cid = self.client, self.container_id
-        if client is None or cid is None:
-            raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
+        client, cid = self.require()
         return dict(dockerapi.inspect_container(client, cid).get("State") or {})
