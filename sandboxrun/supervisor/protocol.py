@@ -12,6 +12,8 @@ it runs as ``sandboxrun.supervisor.runner`` or as a script next to this file.
 
 from __future__ import annotations
 
+import array
+import socket
 import struct
 
 HEADER = struct.Struct("!I")
@@ -41,3 +43,17 @@ def clip(text: str, limit: int = MAX_TEXT) -> str:
         return text
     size = len(text.encode("utf-8", "surrogateescape"))
     return text[:limit] + f"\u2026({size} bytes)"
+
+
+def recv_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int], int]:
+    """``socket.recv_fds`` with the descriptors close-on-exec from the start
+    (``MSG_CMSG_CLOEXEC``: Python 3.11's ``recv_fds`` drops the flags it is given, so a
+    received descriptor could reach the next command spawned). ``(data, fds, msg_flags)``."""
+    fds = array.array("i")
+    data, ancdata, flags, _ = sock.recvmsg(
+        bufsize, socket.CMSG_LEN(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC
+    )
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds), flags

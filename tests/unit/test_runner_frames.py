@@ -358,3 +358,28 @@ def test_the_supervisor_gives_each_spawn_exactly_its_own_fds() -> None:
         proc.wait(timeout=10)
         os.close(out_r)
         os.close(null)
+
+
+def test_received_descriptors_are_close_on_exec_from_the_start() -> None:
+    """Both ends receive with ``protocol.recv_fds``: Python 3.11's ``socket.recv_fds`` drops
+    the ``MSG_CMSG_CLOEXEC`` it is given, and a descriptor that is not close-on-exec reaches
+    whatever the receiver spawns next (the runner: a neighbour's command)."""
+    import fcntl
+
+    from sandboxrun.supervisor.protocol import recv_fds
+
+    ours, theirs = socket.socketpair()
+    r, w = os.pipe()
+    os.set_inheritable(r, True)
+    try:
+        socket.send_fds(ours, [b"frame"], [r, w])
+        data, fds, _ = recv_fds(theirs, 64, 4)
+        assert data == b"frame" and len(fds) == 2
+        assert all(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in fds)
+        for fd in fds:
+            os.close(fd)
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        ours.close()
+        theirs.close()
