@@ -43,7 +43,6 @@ import selectors
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -51,14 +50,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.runner (the host)
     from .procfs import marker_of as run_marker
     from .procfs import stat_fields, threads_left
-    from .protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip
+    from .protocol import (
+        HEADER,
+        KILL_BUDGET_S,
+        MAX_SEND,
+        MAX_TEXT,
+        ORPHANED_GRACE_S,
+        clip,
+        recv_fds,
+    )
     from .safeopen import MAX_HOPS, open_beneath
+    from .spawn import spawn
 else:  # run as a script (the local backends) or imported as ``runner`` (docker's boot code)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from procfs import marker_of as run_marker
     from procfs import stat_fields, threads_left
-    from protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip
+    from protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip, recv_fds
     from safeopen import MAX_HOPS, open_beneath
+    from spawn import spawn
 
 __all__ = [
     "HEADER",
@@ -168,10 +177,9 @@ def special(mode: int) -> str:
 
 
 class Run:
-    def __init__(self, run_id: str, proc: subprocess.Popen[bytes], grace: float) -> None:
+    def __init__(self, run_id: str, pid: int, grace: float) -> None:
         self.id = run_id
-        self.proc = proc
-        self.pid = proc.pid
+        self.pid = pid
         self.grace = grace
         self.status: int | None = None
         self.members: dict[int, int] = {}  # pid -> starttime, last seen alive
@@ -227,7 +235,8 @@ class Runner:
 
     def receive(self) -> None:
         try:
-            data, fds, flags, _ = socket.recv_fds(self.sock, 1 << 16, 16)
+            # close-on-exec at once: a neighbour's stdio in flight never reaches a command
+            data, fds, flags = recv_fds(self.sock, 1 << 16, 16)
         except OSError:
             data, fds, flags = b"", [], 0
         begin = self.received
@@ -372,16 +381,7 @@ class Runner:
                 raise OSError(0, "the spawn request came without its three stdio fds")
             env = {**os.environ, **msg["env"]} if msg.get("inherit") else msg["env"]
             restore = self.raise_oom_score(msg.get("oom_score_adj"))
-            proc = subprocess.Popen(
-                msg["argv"],
-                stdin=stdio[0],
-                stdout=stdio[1],
-                stderr=stdio[2],
-                env=env,
-                cwd=msg["cwd"],
-                start_new_session=True,
-                close_fds=True,
-            )
+            pid = spawn(msg["argv"], env, msg["cwd"], stdio)
         except Exception as exc:  # a spawn problem must never take the runner (and its runs) down
             code, why = describe_error(exc)
             self.send(op="spawn_error", id=msg.get("id"), errno=code, error=why)
@@ -391,7 +391,7 @@ class Runner:
                 os.close(fd)
             if restore is not None:
                 self.raise_oom_score(restore)
-        run = Run(msg["id"], proc, float(msg["grace"]))
+        run = Run(msg["id"], pid, float(msg["grace"]))
         self.runs[run.id] = run
         self.mains[run.pid] = run
         self.send(op="spawned", id=run.id, pid=run.pid)
@@ -422,7 +422,6 @@ class Runner:
             run = self.mains.pop(pid, None)
             if run is not None:
                 run.status = status
-                run.proc.returncode = os.waitstatus_to_exitcode(status)
                 run.account(rusage)
                 if self.has_children():
                     self.send(op="exit", id=run.id, status=status)

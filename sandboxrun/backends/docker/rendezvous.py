@@ -38,7 +38,7 @@ from sandboxrun.supervisor import procfs as proctree
 
 MOUNT = "/run/sandboxrun"
 SOCKET_NAME = "supervisor.sock"
-SCRIPTS = ("runner.py", "protocol.py", "procfs.py", "safeopen.py")
+SCRIPTS = ("runner.py", "protocol.py", "procfs.py", "safeopen.py", "spawn.py")
 """What of ``supervisor/`` the container's supervisor needs (it imports them all before it
 connects: the copies are unlinked once it has)."""
 BOOT = (
