@@ -27,7 +27,7 @@ import anyio
 from sandboxrun import supervisor
 from sandboxrun.errors import BackendError
 from sandboxrun.supervisor.procfs import stat_fields
-from sandboxrun.supervisor.protocol import HEADER, MAX_FDS, MAX_FRAME
+from sandboxrun.supervisor.protocol import HEADER, MAX_FDS, MAX_FRAME, recv_fds
 
 if TYPE_CHECKING:
     from sandboxrun.backends.local.isolation import LocalPlan
@@ -156,7 +156,7 @@ class RunnerClient:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._channels: dict[str, Channel] = {}
-        self._send_lock = anyio.Lock()
+        self._send_lock = anyio.Lock(fast_acquire=True)  # free: taken without a loop turn
         self._ready = False
         self._dead: str | None = None
         self._inbuf = b""
@@ -317,9 +317,7 @@ class RunnerClient:
             self.probe()
             return
         try:
-            data, fds, flags, _addr = socket.recv_fds(
-                self._sock, 1 << 16, MAX_FDS, socket.MSG_CMSG_CLOEXEC
-            )
+            data, fds, flags = recv_fds(self._sock, 1 << 16, MAX_FDS)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -495,10 +493,10 @@ class RunnerClient:
         frame = memoryview(HEADER.pack(len(data)) + data)
         deadline = time.monotonic() + SEND_TIMEOUT_S
         async with self._send_lock:
-            first = True
+            first, full = True, False
             try:
-                while frame:
-                    if not await self._writable(deadline):
+                while frame:  # send at once; wait for room only once the socket is full
+                    if full and not await self._writable(deadline):
                         raise BackendError(
                             self._dead
                             or "the sandbox's supervisor did not take a request within "
@@ -510,11 +508,12 @@ class RunnerClient:
                         else:
                             sent = self._sock.send(frame)
                     except BlockingIOError:
+                        full = True
                         continue
                     except OSError as exc:
                         self._lose(f"runner connection failed: {exc}")
                         raise BackendError(f"runner connection failed: {exc}") from exc
-                    first = False
+                    first, full = False, True  # what is left did not fit: wait for room
                     frame = frame[sent:]
             except BaseException:
                 if not first and frame:  # cut off mid-frame: the stream cannot be resumed

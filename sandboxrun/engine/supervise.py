@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 
 import anyio
 
-from sandboxrun.engine.capture.stream import Activity, LiveSink
+from sandboxrun.engine.capture.stream import Activity, LiveSink, live_sink
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.models import TimeoutKind
 from sandboxrun.supervisor.protocol import KILL_BUDGET_S
@@ -165,14 +165,15 @@ async def supervise(
         output_done.set()
 
     async def after_exit() -> None:
-        if sup.reason == "exited":  # let late writers finish, bounded, then sweep the rest
-            with anyio.move_on_after(drain_s):
+        if sup.reason == "exited" and not output_done.is_set():  # (a set Event still yields)
+            with anyio.move_on_after(drain_s):  # let late writers finish, then sweep the rest
                 await output_done.wait()
         sup.termination = await handle.terminate(grace_s)
         if sup.reason == "timeout":
             sup.wait_status = await handle.wait_exit()
-        with anyio.move_on_after(drain_s):
-            await output_done.wait()
+        if not output_done.is_set():
+            with anyio.move_on_after(drain_s):
+                await output_done.wait()
 
     async def after_cancel() -> None:
         if sup.wait_status is None:
@@ -200,7 +201,8 @@ async def supervise(
             everything_gone = sup.reason == "exited" and not sup.termination.survivors
             if flow is not None and sup.cancel_exc is None and everything_gone:
                 await _deliver_rest(output_done, drain_s, flow)
-            tg.cancel_scope.cancel()
+            if not output_done.is_set():  # (a cancel schedules its delivery: a loop turn)
+                tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class() as exc:
         sup.cancel_exc = exc
         await uninterruptible(after_cancel, anyio.current_time() + bound)
@@ -221,7 +223,7 @@ async def supervise_request(
         grace_s=limits.grace_s,
         drain_s=limits.drain_s,
         started=started,
-        flow=request.sink if isinstance(request.sink, LiveSink) else None,
+        flow=live_sink(request.sink),
         idle_s=limits.idle_timeout_s,
         activity=activity,
     )

@@ -54,6 +54,12 @@ class LiveSink(Protocol):
         ...
 
 
+def live_sink(sink: object) -> LiveSink | None:
+    """``sink`` when it is a flow-controlled ``LiveSink``, else None (no sink is asked
+    without the Protocol's attribute walk: the common case costs nothing)."""
+    return sink if sink is not None and isinstance(sink, LiveSink) else None
+
+
 class Activity:
     """Signs of life of one run, shared by its two captures, for the idle timeout: when the
     last output byte arrived on either stream (``last``, ``time.monotonic``; 0.0: none yet),
@@ -113,7 +119,7 @@ class StreamCapture:
         self._buffer = HeadTailBuffer(max_output)
         self._max_output = max_output
         self._sink = sink
-        self._flow = sink if isinstance(sink, LiveSink) else None
+        self._flow = live_sink(sink)
         self.flow_controlled = self._flow is not None
         """Whether ``wait_sink`` can ever wait (a flow-controlled live sink): readers skip
         the call per chunk otherwise."""
