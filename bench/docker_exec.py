@@ -36,6 +36,13 @@ terminate round trip, with ``leftovers``, the host's check of the container's cg
 ``start``/``finalize``: the backend's share around supervision; the rest of ``wall`` is
 ``engine.run`` and the ``Sandbox`` layer).
 
+Last, ``floor``: inside the same container, ``BENCH_N`` spawns of each command by the least a
+process there can do (``posix_spawn`` of the resolved binary, two pipes read to EOF,
+``waitpid``, timed in the container), and ``overhead_p50_ms``, sandboxrun's p50 less that floor:
+the part of an exec that is sandboxrun's (host, protocol, supervisor) and not the container's
+own cost of starting a program, which the engine's storage driver sets (``storage_driver``:
+through ``fuse-overlayfs`` every binary and library is mapped through FUSE).
+
 Env: ``BENCH_N`` (100), ``BENCH_BLOCK`` (10), ``BENCH_SETTLE_MS`` (20), ``BENCH_PHASE_N`` (20).
 """
 
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,6 +72,7 @@ from _common import (
     summary,
     sweep_own_containers,
     temp_workspace,
+    user_spec,
 )
 from docker import DockerClient
 
@@ -88,6 +97,47 @@ PHASES: tuple[tuple[Any, str, str], ...] = (
     (DockerBackend, "start", "start"),
     (DockerBackend, "finalize", "finalize"),
 )
+
+
+FLOOR_SCRIPT = r"""
+import json, os, sys, time
+n, out = int(sys.argv[1]), {}
+for name, argv in (("true", ["true"]), ("echo", ["echo", "hi"])):
+    dirs = os.environ.get("PATH", "/usr/bin:/bin").split(":")
+    path = next(p for p in (os.path.join(d, argv[0]) for d in dirs) if os.access(p, os.X_OK))
+    times = []
+    for _ in range(n):
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        start = time.perf_counter()
+        acts = [(os.POSIX_SPAWN_DUP2, w1, 1), (os.POSIX_SPAWN_DUP2, w2, 2)]
+        pid = os.posix_spawn(path, argv, dict(os.environ), file_actions=acts, setsid=True)
+        os.close(w1)
+        os.close(w2)
+        while os.read(r1, 65536):
+            pass
+        while os.read(r2, 65536):
+            pass
+        os.waitpid(pid, 0)
+        times.append(time.perf_counter() - start)
+        os.close(r1)
+        os.close(r2)
+    out[name] = times
+print(json.dumps(out))
+"""
+"""Inside the sandbox's container, the least one command can cost there: ``posix_spawn`` of
+the resolved binary with two pipes, read to EOF, ``waitpid``, timed in the container itself
+(no engine, no supervisor, no host). On an engine whose storage driver is slow to map
+binaries and libraries (fuse-overlayfs) this alone is well over a millisecond."""
+
+
+def spawn_floor(client: DockerClient, container_id: str, n: int) -> dict[str, list[float]]:
+    container = client.containers.get(container_id)
+    code, output = container.exec_run(["python3", "-c", FLOOR_SCRIPT, str(n)], user=user_spec())
+    if not isinstance(output, bytes) or code != 0:
+        raise RuntimeError(f"the floor measurement failed ({code}): {output!r:.500}")
+    found = json.loads(output.decode().strip().splitlines()[-1])
+    return {name: [float(t) for t in found[name]] for name in ("true", "echo")}
 
 
 def timed_raw(client: DockerClient, container_id: str, cmd: list[str]) -> float:
@@ -155,6 +205,8 @@ async def measure(n: int, phase_n: int, settle_s: float, workspace: Path) -> dic
     phase_walls: list[float] = []
     missing: list[str] = []
     network = "?"
+    floor: dict[str, list[float]] = {}
+    driver = "?"
     argvs: set[tuple[str, ...]] = set()
     wrapped = wrapped_argv(["true"], shell="bash")
     try:
@@ -235,6 +287,8 @@ async def measure(n: int, phase_n: int, settle_s: float, workspace: Path) -> dic
             with phase_timers(phases) as missing:
                 for _ in range(phase_n):
                     phase_walls.append(await sbx())
+            floor = spawn_floor(client, cid, n)
+            driver = str(client.info().get("Driver", "?"))
     finally:
         leaked = own_containers(client)
         sweep_own_containers(client)
@@ -249,6 +303,8 @@ async def measure(n: int, phase_n: int, settle_s: float, workspace: Path) -> dic
         "phases": phases,
         "phases_missing": missing,
         "phase_walls": phase_walls,
+        "floor": floor,
+        "storage_driver": driver,
         "leaked": leaked,
     }
 
@@ -311,6 +367,18 @@ def main() -> None:
                 if sides["raw_wrapped"]["p50_ms"]
                 else 0.0
             ),
+            "floor": {
+                "storage_driver": got["storage_driver"],
+                **{
+                    cmd: {
+                        "p50_ms": ms(percentile(got["floor"][cmd], 50)),
+                        "overhead_p50_ms": rounded(
+                            sides[sbx]["p50_ms"] - ms(percentile(got["floor"][cmd], 50))
+                        ),
+                    }
+                    for cmd, sbx in (("true", "sandboxrun"), ("echo", "sandboxrun_echo"))
+                },
+            },
             "statuses": got["statuses"],
             "via": got["via"],
             "wrong_stdout": got["wrong_stdout"],

@@ -247,7 +247,8 @@ async def child(variant: str, n: int, workspace: Path) -> dict[str, Any]:
             result = await sb.exec(head_argv(n), timeout=EXEC_TIMEOUT_S)
             wall = time.perf_counter() - start
         peak = maxrss_bytes()
-    spill = result.stdout_spill
+        spill = result.stdout_spill  # (the sandbox removes its spill files as it closes)
+        spill_bytes = Path(spill).stat().st_size if spill else None
     return {
         "variant": variant,
         "spill_max": limits.spill_max,
@@ -256,7 +257,7 @@ async def child(variant: str, n: int, workspace: Path) -> dict[str, Any]:
         "growth_bytes": peak - baseline,
         "sampled_rss_growth_bytes": sampler.peak_rss - sampler.start_rss,
         "mb_per_s": rounded(mb_per_s(n, wall), 1),
-        "spill_file_bytes": Path(spill).stat().st_size if spill else None,
+        "spill_file_bytes": spill_bytes,
         "spill_complete": result.stdout_spill_complete,
         "via": result.via,
         "accounting": accounting(result, n, MAX_OUTPUT),
