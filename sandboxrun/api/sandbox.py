@@ -14,10 +14,9 @@ import inspect
 import logging
 import math
 import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -26,10 +25,10 @@ import anyio.to_thread
 
 from sandboxrun import backends
 from sandboxrun.api import files
+from sandboxrun.api import request as prepared
 from sandboxrun.api.jobs import MAX_ENDED_JOBS, Job
 from sandboxrun.api.login import Logins, NotRun
 from sandboxrun.engine import denial, results
-from sandboxrun.engine.argv import join_path_prepend, validate_argv
 from sandboxrun.engine.capture import redact
 from sandboxrun.engine.capture.prune import auto_prune
 from sandboxrun.engine.capture.spill import SpillSession, default_spill_root
@@ -47,32 +46,6 @@ log = logging.getLogger("sandboxrun")
 EscalationHook = Callable[[ExecResult, Policy], bool | Awaitable[bool]]
 """``exec(..., escalate=hook)``: called with the denied result and the proposed wider policy;
 True re-runs the command once under it."""
-
-
-def check_encodable(value: str) -> None:
-    """Arguments, scripts and variables must be encodable for the OS (no lone surrogates)."""
-    try:
-        os.fsencode(value)
-    except UnicodeEncodeError as exc:
-        raise ConfigError(f"{value!r} cannot be passed to a process: {exc.reason}") from None
-
-
-def check_mask(mask: str, root: Path) -> None:
-    """A ``mask`` path must be absolute-able, and may not hold the workspace (it could not be
-    hidden from a command that works in it)."""
-    check_encodable(mask)
-    if not mask or "\0" in mask:
-        raise ConfigError(f"invalid --mask {mask!r}: expected a path")
-    real = Path(os.path.realpath(mask))
-    if root.is_relative_to(real):
-        raise ConfigError(
-            f"invalid --mask {mask!r}: it holds the workspace {str(root)!r}, which the command "
-            "works in (mask a path inside it, or beside it)"
-        )
-
-
-def new_run_id() -> str:
-    return secrets.token_hex(8)
 
 
 class Sandbox:
@@ -111,7 +84,7 @@ class Sandbox:
         self.workspace = Workspace.open(workspace)
         self.policy = policy or Policy()
         for mask in self.policy.mask:
-            check_mask(mask, self.workspace.root)
+            prepared.check_mask(mask, self.workspace.root)
         self.limits = limits or Limits()
         self._requested = backend
         self._env = dict(env or {})
@@ -335,52 +308,30 @@ class Sandbox:
     ) -> ExecRequest:
         """Validate one command into an ``ExecRequest``. No process is started.
         ``idle_timeout`` overrides ``Limits.idle_timeout_s`` for this command."""
-        if (argv is None) == (shell is None):
-            raise ConfigError("give exactly one of an argv list or shell='script'")
-        if shell is not None and "\0" in shell:
-            raise ConfigError("the shell script contains a NUL byte")
-        for value in [
-            *(argv or []),
-            shell or "",
-            workdir or "",
-            *(env or {}).values(),
-            *(env or {}),
-        ]:
-            check_encodable(value)
-        cwd = self.workspace.resolve_workdir(workdir)
-        prepend = [*self._path_prepend, *path_prepend]
-        if prepend:
-            join_path_prepend(prepend)
-        explicit = {**self._env, **(env or {})}
-        if env or pass_env:
-            built = build_env(
-                self._host_env,
-                explicit=explicit,
-                pass_through=[*self._pass_env, *pass_env],
-                pass_proxy=self._pass_proxy,
-            )
-        else:
-            built = self._base()
-        try:
-            timeout_s = self.limits.effective_timeout(timeout)
-            limits = self.limits.with_idle_timeout(idle_timeout)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        request = ExecRequest(
-            run_id=new_run_id(),
-            argv=None if argv is None else validate_argv(argv),
-            script=shell,
-            env=built,
-            path_prepend=prepend,
-            workdir=cwd,
-            workdir_rel=PurePosixPath(cwd.relative_to(self.workspace.root).as_posix()),
-            stdin=stdin,
-            timeout_s=timeout_s,
-            limits=limits,
+        defaults = prepared.Defaults(
+            workspace=self.workspace,
             policy=self.policy,
-            sink=sink,
-            explicit=frozenset(explicit),
+            limits=self.limits,
+            env=self._env,
+            pass_env=self._pass_env,
+            pass_proxy=self._pass_proxy,
+            path_prepend=self._path_prepend,
+            host_env=self._host_env,
             login=self._logins.mode,
+            base=self._base,
+        )
+        request = prepared.build(
+            defaults,
+            argv,
+            shell=shell,
+            workdir=workdir,
+            env=env,
+            pass_env=pass_env,
+            timeout=timeout,
+            stdin=stdin,
+            path_prepend=path_prepend,
+            sink=sink,
+            idle_timeout=idle_timeout,
         )
         if env and self.policy.mask_output:
             self._secrets.note(redact.secret_pairs(env.items()))
@@ -546,7 +497,7 @@ class Sandbox:
             sandbox._spill, sandbox._spill_owned = self._spill, False
         # else (the CLI's --ask re-runs after the first sandbox closed) it has its own locked
         # spill directory, removed at its close unless kept, like any sandbox's
-        again = dataclasses.replace(request, run_id=new_run_id(), policy=policy)
+        again = dataclasses.replace(request, run_id=prepared.new_run_id(), policy=policy)
         return sandbox, again
 
     async def _escalate(

@@ -229,7 +229,7 @@ async def test_systemd_run_failure_is_sandbox_error_with_its_message(
     )
     try:
         assert wait_until(lambda: not unit_gone(taken))
-        monkeypatch.setattr("sandboxrun.api.sandbox.new_run_id", lambda: taken)
+        monkeypatch.setattr("sandboxrun.api.request.new_run_id", lambda: taken)
         async with Sandbox(workspace, backend="systemd-scope", limits=FAST) as sb:
             result = await sb.exec(["echo", "never"])
         assert result.status == "sandbox_error"
