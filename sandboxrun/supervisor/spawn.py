@@ -5,9 +5,13 @@ per directory instead of an ``execve`` per directory. Inside a container whose i
 through FUSE (fuse-overlayfs) each failed ``execve`` costs about 40 µs, and a command found in
 ``/usr/bin`` under the usual ``PATH`` paid three of them before it ran.
 
-The outcome is ``execvp``'s: directories without the name are passed over, so are those where
-it cannot run (EACCES, a missing interpreter: ENOENT from the exec); the error reported is the
-first real failure, else the last ENOENT, named by the command's own ``argv[0]``. A missing
+The outcome is ``Popen``'s own search (``execvp``'s, but ELOOP goes on too): directories
+without the name are passed over, so are those where it cannot run (EACCES, a missing
+interpreter: ENOENT from the exec); the error reported is the first real failure, else the
+last ENOENT, named by the command's own ``argv[0]``. A relative PATH entry is looked up in
+the command's working directory, where the exec would look. A failure that is not the exec's
+(the working directory, a fork refused at the process limit) is raised as it is, never taken
+for a reason to try the next directory. A missing
 working directory fails naming it, as ``Popen`` does.
 
 ``os.posix_spawn`` was measured too: no faster than ``Popen``'s vfork once the path is known,
@@ -45,8 +49,8 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int]) -> i
     first: OSError | None = None
     last: OSError | None = None
     for path in found:
-        try:
-            os.stat(path)
+        try:  # (a relative entry is looked up where the command will be: in cwd)
+            os.stat(os.path.join(cwd, path))
         except (FileNotFoundError, NotADirectoryError) as exc:
             last = _named(exc.errno or errno.ENOENT, argv[0])
             continue
@@ -55,7 +59,7 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int]) -> i
         try:
             return _start(argv, path, env, cwd, stdio)
         except OSError as exc:
-            if exc.filename == cwd:  # the working directory, not the program: no retry
+            if exc.filename != path:  # not the exec (the cwd, a fork, a full fd table): as is
                 raise
             last = _named(exc.errno or 0, argv[0])
             if last.errno not in SKIP and first is None:

@@ -76,3 +76,43 @@ def test_argv0_and_the_working_directory_are_the_commands(tmp_path: Path) -> Non
     script(tmp_path / "bin" / "show", '#!/bin/sh\necho "$0 $(pwd)"\n')
     code, out = run(["show"], {"PATH": f"{tmp_path}/x:{tmp_path}/bin"}, tmp_path / "bin")
     assert (code, out) == (0, f"{tmp_path}/bin/show {tmp_path}/bin\n")
+
+
+@pytest.mark.parametrize("entry", [".", "", "bin"])
+def test_a_relative_path_entry_is_looked_up_in_the_commands_directory(
+    tmp_path: Path, entry: str
+) -> None:
+    work = tmp_path / "work"
+    script(work / ("bin" if entry == "bin" else ".") / "rc", "#!/bin/sh\necho relative\n")
+    script(tmp_path / "later" / "rc", "#!/bin/sh\necho later\n")
+    env = {"PATH": f"{entry}:{tmp_path}/later"}
+    assert run(["rc"], env, work) == (0, "relative\n")
+
+
+def test_a_failure_that_is_not_the_exec_is_not_retried_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork refused (the sandbox at its process limit) must not make a program of the same
+    name further down PATH run instead."""
+    import subprocess
+
+    script(tmp_path / "one" / "t", "#!/bin/sh\necho one\n")
+    script(tmp_path / "two" / "t", "#!/bin/sh\necho two\n")
+
+    tried: list[object] = []
+
+    def refused(self: object, args: object, executable: object, *rest: object) -> None:
+        tried.append(executable)
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refused)
+    with pytest.raises(BlockingIOError):
+        spawn(["t"], {"PATH": f"{tmp_path}/one:{tmp_path}/two"}, str(tmp_path), [0, 1, 2])
+    assert tried == [f"{tmp_path}/one/t"]
+
+
+def test_a_directory_of_the_name_that_is_the_cwd_is_passed_over(tmp_path: Path) -> None:
+    (tmp_path / "one" / "tool").mkdir(parents=True)
+    script(tmp_path / "two" / "tool", "#!/bin/sh\necho two\n")
+    env = {"PATH": f"{tmp_path}/one:{tmp_path}/two"}
+    assert run(["tool"], env, tmp_path / "one" / "tool") == (0, "two\n")
