@@ -493,6 +493,8 @@ class RunnerClient:
         frame = memoryview(HEADER.pack(len(data)) + data)
         deadline = time.monotonic() + SEND_TIMEOUT_S
         async with self._send_lock:
+            if self._dead or self._sock is None:  # (lost while this request waited its turn)
+                raise BackendError(self._dead or "runner not started")
             first, full = True, False
             try:
                 while frame:  # send at once; wait for room only once the socket is full
