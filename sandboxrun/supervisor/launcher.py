@@ -216,15 +216,18 @@ def main() -> None:
             error = f"cannot confine the command: {exc}"
             frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
             os._exit(126)
+    failed_on = cwd  # a missing working directory is named as such, never as the program
     try:
         os.chdir(cwd)
+        failed_on = argv[0]
         os.execvpe(argv[0], argv, env)  # noqa: S606
     except OSError as exc:
         code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
-        name = os.fsdecode(argv[0])
+        name = os.fsdecode(failed_on)
         if len(name) > MAX_NAME:  # the frame stays small: the name cut, its size said
-            name = f"{name[:MAX_NAME]}\u2026({len(argv[0])} bytes)"
-        error = f"{name}: {os.strerror(exc.errno or 0)}"
+            name = f"{name[:MAX_NAME]}\u2026({len(failed_on)} bytes)"
+        what = "the working directory " if failed_on is cwd else ""
+        error = f"{what}{name}: {os.strerror(exc.errno or 0)}"
         frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
         os._exit(code)
 
