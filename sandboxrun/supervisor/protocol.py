@@ -6,8 +6,9 @@ travel with SCM_RIGHTS beside the frame they belong to (at most ``MAX_FDS``). Th
 validates every frame it receives (``backends.client.valid_message``): the supervisor lives
 inside the sandbox and is never trusted for isolation.
 
-Stdlib only and cheap to import (``struct``): the runner imports it before it connects, whether
-it runs as ``sandboxrun.supervisor.runner`` or as a script next to this file.
+Stdlib only, importing nothing its users do not import anyway (``struct``, ``socket``,
+``array``; the per-run launcher does not import it): the runner imports it before it connects,
+whether it runs as ``sandboxrun.supervisor.runner`` or as a script next to this file.
 """
 
 from __future__ import annotations
