@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from sandboxrun.api.files import DirEntry
     from sandboxrun.api.jobs import Job, JobChunk, JobLines
     from sandboxrun.api.sandbox import Sandbox, run
+    from sandboxrun.api.shell import Shell, ShellResult
+    from sandboxrun.api.terminal import Foreground, OutputWait, Terminal, TerminalText
     from sandboxrun.errors import (
         BackendError,
         ConfigError,
@@ -61,6 +63,12 @@ _LAZY = {
     "Limits": "sandboxrun.models",
     "Policy": "sandboxrun.models",
     "Sandbox": "sandboxrun.api.sandbox",
+    "Shell": "sandboxrun.api.shell",
+    "ShellResult": "sandboxrun.api.shell",
+    "Foreground": "sandboxrun.api.terminal",
+    "OutputWait": "sandboxrun.api.terminal",
+    "Terminal": "sandboxrun.api.terminal",
+    "TerminalText": "sandboxrun.api.terminal",
     "run": "sandboxrun.api.sandbox",
 }
 """Where each public name lives: imported on first use (PEP 562), so that ``import sandboxrun``
@@ -90,11 +98,13 @@ __all__ = [
     "EnvError",
     "ExecError",
     "ExecResult",
+    "Foreground",
     "InputError",
     "Job",
     "JobChunk",
     "JobLines",
     "Limits",
+    "OutputWait",
     "Policy",
     "PolicyRefusedError",
     "Sandbox",
@@ -106,6 +116,10 @@ __all__ = [
     "SandboxPermissionError",
     "SandboxUnavailableError",
     "SandboxrunError",
+    "Shell",
+    "ShellResult",
+    "Terminal",
+    "TerminalText",
     "WorkspaceError",
     "__version__",
     "run",

@@ -232,6 +232,9 @@ class ExecResult(BaseModel):
     container on docker, the sandbox's runner on process-group), ``engine`` (a docker exec
     through the Engine API: an image without python3, or a remote engine), ``scope`` (a
     systemd-run scope); None for runs that never reached a backend."""
+    tty: bool = False
+    """The command ran on a terminal (``Sandbox.open_terminal``): ``stdout`` is its transcript
+    (the terminal merges the streams; ``stderr`` is empty)."""
     survivors: int = 0
     argv: list[str]
     run_id: str

@@ -92,7 +92,8 @@ class Job:
         self._on_end = on_end
         self._scope = anyio.CancelScope()
         self._done = anyio.Event()
-        self._killed = False
+        self._killed: str | None = None
+        """Why ``kill`` ended it (the error its cancelled result gets)."""
         self._task: object = None
         self._request = dataclasses.replace(request, sink=self._sink)
 
@@ -169,12 +170,12 @@ class Job:
             raise TimeoutError(f"job {self.id} is still running after {timeout:g} s")
         return self.result
 
-    async def kill(self) -> ExecResult:
+    async def kill(self, why: str = "killed: Job.kill() ended the job") -> ExecResult:
         """End the job like a cancelled exec (TERM, grace, KILL, until nothing of it is left)
-        and return its result (``cancelled``, ``error`` saying ``kill()``); a job that had
-        already ended keeps its result."""
+        and return its result (``cancelled``, ``error`` saying ``kill()``, or ``why``); a job
+        that had already ended keeps its result."""
         if self.result is None:
-            self._killed = True
+            self._killed = self._killed or why
             self._scope.cancel()
         return await self.wait()
 
@@ -215,7 +216,7 @@ class Job:
 
     def _finish(self, result: ExecResult) -> None:
         if self._killed and result.status == "cancelled":
-            result = results.amend(result, error="killed: Job.kill() ended the job")
+            result = results.amend(result, error=self._killed)
         if self.warnings or any(log.error for log in self.logs.values()):
             notes = [*self.warnings, *(log.error for log in self.logs.values() if log.error)]
             result = results.amend(result, warnings=notes)

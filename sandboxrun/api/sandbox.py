@@ -28,6 +28,8 @@ from sandboxrun.api import files
 from sandboxrun.api import request as prepared
 from sandboxrun.api.jobs import MAX_ENDED_JOBS, Job
 from sandboxrun.api.login import Logins, NotRun
+from sandboxrun.api.shell import SHELL_ENV, Shell
+from sandboxrun.api.terminal import MAX_TERMINALS, Terminal
 from sandboxrun.engine import denial, results
 from sandboxrun.engine.capture import redact
 from sandboxrun.engine.capture.prune import auto_prune
@@ -35,6 +37,7 @@ from sandboxrun.engine.capture.spill import SpillSession, default_spill_root
 from sandboxrun.engine.env import build_env
 from sandboxrun.engine.launch import Launch
 from sandboxrun.engine.paths import Workspace
+from sandboxrun.engine.pty import PtyControl
 from sandboxrun.engine.request import ExecRequest, LoginMode, Sink, StdinStream
 from sandboxrun.engine.results import RunFacts
 from sandboxrun.engine.run import run as run_engine
@@ -42,6 +45,11 @@ from sandboxrun.errors import ConfigError, PolicyRefusedError
 from sandboxrun.models import ExecResult, Limits, Policy, Status, replaced, required_guarantees
 
 log = logging.getLogger("sandboxrun")
+
+INTERACTIVE_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i; fi; exec sh -i"
+"""What ``open_terminal`` runs without an argv (in the login shell: the profile applies)."""
+OPEN_TERMINAL_TIMEOUT_S = 30.0
+"""``open_terminal`` returns by then (the login snapshot and the spawn have their own)."""
 
 EscalationHook = Callable[[ExecResult, Policy], bool | Awaitable[bool]]
 """``exec(..., escalate=hook)``: called with the denied result and the proposed wider policy;
@@ -53,7 +61,10 @@ class Sandbox:
 
     max_ended_jobs: int = MAX_ENDED_JOBS
     """Ended jobs kept in ``jobs()`` (with their spill files); beyond it, the oldest ended
-    ones are released (``forget``). Set it on the instance to change it."""
+    ones are released (``forget``). Set it on the instance to change it. The same number of
+    ended terminals is kept in ``terminals()``."""
+    max_terminals: int = MAX_TERMINALS
+    """Terminals open at once (``open_terminal``); one more is refused."""
 
     def __init__(
         self,
@@ -112,6 +123,7 @@ class Sandbox:
         one sentence each; also logged as warnings on the ``sandboxrun`` logger."""
         self._inflight: dict[anyio.CancelScope, anyio.Event] = {}
         self._jobs: list[Job] = []
+        self._terminals: list[Terminal] = []
         self._closed: anyio.Event | None = None
         """Not None while ``aclose`` runs; a later ``aclose`` waits for it to be set."""
         self.keep_spill = keep_spill
@@ -228,18 +240,18 @@ class Sandbox:
                 return
             self._closed = closed = anyio.Event()
             try:
-                for job in list(self._jobs):  # ended like the execs (jobs not yet running too)
-                    job.cancel()
+                for job in [*self._jobs, *(t.job for t in self._terminals)]:
+                    job.cancel()  # ended like the execs (jobs not yet running too)
                 for scope in list(self._inflight):
                     scope.cancel()
                 for done in list(self._inflight.values()):
                     await done.wait()
-                for job in list(self._jobs):
+                for job in [*self._jobs, *(t.job for t in self._terminals)]:
                     await job.ended()
                 backend, self._backend = self._backend, None
                 if backend is not None:
                     self.close_errors += await backend.close()
-                for job in list(self._jobs):
+                for job in [*self._jobs, *(t.job for t in self._terminals)]:
                     job.release()
             finally:
                 spill, self._spill = self._spill, None
@@ -446,6 +458,128 @@ class Sandbox:
         job.launch(self.run_request)
         return job
 
+    async def open_terminal(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "xterm-256color",
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        path_prepend: Sequence[str] = (),
+    ) -> Terminal:
+        """Start ``argv`` (None: an interactive shell, bash where there is one) on a new
+        terminal of ``rows`` x ``cols`` made inside the sandbox, and return it once it runs
+        (``docs/terminals.md``). It runs like a job (same validation, refusal, isolation) until
+        it ends, ``close()``, or the sandbox closes; ``TERM`` is ``term`` unless ``env`` says
+        otherwise. ``timeout`` None: no wall-clock limit; ``idle_timeout``: its own only. A
+        command that cannot start gives an ended terminal whose result says why. ``ConfigError``
+        with ``max_terminals`` open, or on a backend without a supervisor in the sandbox."""
+        if sum(not t.done for t in self._terminals) >= self.max_terminals:
+            raise ConfigError(
+                f"this sandbox has {self.max_terminals} terminals open (max_terminals): "
+                "close one first"
+            )
+        control = PtyControl(rows, cols, term)
+        request = self.prepare(
+            argv,
+            shell=INTERACTIVE_SHELL if argv is None else None,
+            workdir=workdir,
+            env={"TERM": term, **(env or {})},
+            pass_env=pass_env,
+            timeout=timeout,
+            path_prepend=path_prepend,
+            idle_timeout=idle_timeout,
+        )
+        request = dataclasses.replace(
+            request,
+            stdin=StdinStream(),
+            tty=control,
+            timeout_s=math.inf if timeout is None else request.timeout_s,
+            limits=replaced(request.limits, idle_timeout_s=idle_timeout),
+        )
+        backend = self.backend
+        via = backend.plan(request).via
+        if via != "supervisor":
+            raise ConfigError(
+                f"terminals need the sandbox's supervisor, and the {backend.name} backend "
+                f"starts commands through {via} here: not available yet (docs/terminals.md)"
+            )
+        self._refuse(self.missing_guarantees(request))
+        if self._closed is not None:
+            raise RuntimeError("the Sandbox is closing: no new terminal can open")
+        terminal = Terminal(request, backend=backend.name, on_end=self._terminal_ended)
+        self._terminals.append(terminal)
+        terminal.job.launch(self.run_request)
+        with anyio.move_on_after(OPEN_TERMINAL_TIMEOUT_S):
+            async with anyio.create_task_group() as tg:
+
+                async def first(event: Callable[[], Awaitable[None]]) -> None:
+                    await event()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(first, control.ready.wait)
+                tg.start_soon(first, terminal.job.ended)
+        return terminal
+
+    async def open_shell(
+        self,
+        shell: str = "bash",
+        *,
+        rows: int = 50,
+        cols: int = 200,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        path_prepend: Sequence[str] = (),
+    ) -> Shell:
+        """A persistent ``shell`` (bash) on a terminal, for agents (``sandboxrun.api.shell``):
+        ``await sh.run("cd src && make")`` gives the output, the exit code and whether it
+        timed out; ``cd``, variables and functions persist between runs. It counts against
+        ``max_terminals`` and ends with the sandbox (or ``sh.close()``)."""
+        argv = [shell, "--noediting", "--norc", "--noprofile", "-i"]
+        variables = {**SHELL_ENV, **(env or {})}
+
+        async def reopen() -> Terminal:
+            return await self.open_terminal(
+                argv,
+                rows=rows,
+                cols=cols,
+                term=variables["TERM"],
+                workdir=workdir,
+                env=variables,
+                pass_env=pass_env,
+                path_prepend=path_prepend,
+            )
+
+        terminal = await reopen()
+        if terminal.done:
+            why = terminal.result.error if terminal.result is not None else None
+            raise ConfigError(f"the shell {shell!r} could not start in the sandbox: {why}")
+        opened = Shell(terminal, reopen)
+        try:
+            await opened.start()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await terminal.close()
+            raise
+        return opened
+
+    def terminals(self) -> list[Terminal]:
+        """The terminals opened in this sandbox, oldest first: every open one and the newest
+        ``max_ended_jobs`` ended ones."""
+        return list(self._terminals)
+
+    def _terminal_ended(self, terminal: Terminal) -> None:
+        ended = sorted((t for t in self._terminals if t.done), key=lambda t: t.job.ended_at or 0)
+        for old in ended[: max(0, len(ended) - max(0, self.max_ended_jobs))]:
+            self._terminals.remove(old)
+            old.release()
+
     def jobs(self) -> list[Job]:
         """The jobs started in this sandbox, oldest first: every running one and the newest
         ``max_ended_jobs`` ended ones that were not ``forget``-ed."""
@@ -634,6 +768,7 @@ class Sandbox:
             via=launch.via,
             login_s=login_s,
             warnings=() if warning is None else (warning,),
+            tty=launch.request.tty is not None,
         )
 
     async def _raw_exec(self, request: ExecRequest) -> ExecResult:

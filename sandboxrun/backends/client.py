@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sandboxrun import supervisor
+from sandboxrun.engine.pty import check_master
 from sandboxrun.errors import BackendError
 from sandboxrun.supervisor.procfs import stat_fields
 from sandboxrun.supervisor.protocol import HEADER, MAX_FDS, MAX_FRAME, recv_fds
@@ -87,6 +88,10 @@ class Channel:
     exited: dict[str, Any] | None = None
     terminated: dict[str, Any] | None = None
     lost: bool = False
+    tty: bool = False
+    """The run asked for a terminal: its ``spawned`` must bring the master, one fd."""
+    master: int | None = None
+    """The terminal's master, checked (``engine.pty.check_master``), until the run takes it."""
 
 
 def _no_constant(name: str) -> Any:
@@ -388,8 +393,8 @@ class RunnerClient:
                     break
                 continue
             msg["_fds"] = batch.fds
-            if msg["op"] != "opened":  # only an ``open`` reply carries an fd for the host
-                _close_fds(msg.pop("_fds"))
+            if msg["op"] != "opened" and not self._brings_master(msg):
+                _close_fds(msg.pop("_fds"))  # only an open reply or a terminal's spawn has fds
                 msg["_fds"] = []
             try:
                 self._dispatch(msg)
@@ -400,6 +405,36 @@ class RunnerClient:
         if self._batches and not self._inbuf and not self._skip and not self._dead:
             # every frame begun is read: fds still here came with no frame's first byte
             self._lose("the runner sent fds no message claims")
+
+    def _brings_master(self, msg: dict[str, Any]) -> bool:
+        """``msg`` is the ``spawned`` of a run that asked for a terminal (its fd, if any, is
+        examined in ``_spawned``)."""
+        if msg["op"] != "spawned":
+            return False
+        channel = self._channels.get(msg.get("id", ""))
+        return channel is not None and channel.tty and channel.spawned is None
+
+    def _spawned(self, channel: Channel, msg: dict[str, Any]) -> None:
+        """A run's ``spawned`` (or ``spawn_error``). A terminal's must bring exactly one fd,
+        a pty master: anything else is refused and closed, and the run, which did start, fails
+        as a spawn error the caller ends (``_host``: it is still running)."""
+        fds: list[int] = msg.get("_fds", [])
+        msg["_fds"] = []  # (taken here: a master is kept in ``channel.master``)
+        if not channel.tty or msg["op"] != "spawned":
+            _close_fds(fds)
+            channel.spawned = msg
+            return
+        why = "it sent none" if not fds else "it sent several" if len(fds) > 1 else None
+        if why is None:
+            why = check_master(fds[0])
+        if why is not None:
+            _close_fds(fds)
+            error = f"the sandbox's supervisor sent no terminal master for the run ({why})"
+            channel.spawned = {"op": "spawn_error", "id": channel.run_id, "errno": 0}
+            channel.spawned.update(error=error, _host=True)
+            return
+        channel.master = fds[0]
+        channel.spawned = msg
 
     def _fds_of(self, start: int, end: int) -> FdBatch:
         """The fds that came with the frame at stream bytes ``[start, end)``. A receive ends
@@ -438,8 +473,9 @@ class RunnerClient:
             self._opens[rid] = error
             return True
         channel = self._channels.get(rid)
-        if channel is not None and channel.spawned is None:
+        if channel is not None and channel.spawned is None:  # (_host: it may be running)
             channel.spawned = {"op": "spawn_error", "id": rid, "errno": code, "error": why}
+            channel.spawned["_host"] = op == "spawned"
         elif channel is not None and op != "spawned":
             channel.lost = True
         return True  # a request nobody waits for (any more) needs no answer
@@ -465,9 +501,13 @@ class RunnerClient:
             return
         channel = self._channels.get(msg.get("id", ""))
         if channel is None:
+            _close_fds(msg.get("_fds", []))
             return
         if op in ("spawned", "spawn_error"):
-            channel.spawned = msg
+            if channel.spawned is None:
+                self._spawned(channel, msg)
+            else:  # (a second answer to one spawn: the first stands)
+                _close_fds(msg.get("_fds", []))
         elif op == "exit":
             channel.exited = msg
         elif op == "terminated":
@@ -537,19 +577,26 @@ class RunnerClient:
             self.probe()
         return False
 
-    def open_channel(self, run_id: str) -> Channel:
-        channel = Channel(run_id)
+    def open_channel(self, run_id: str, *, tty: bool = False) -> Channel:
+        channel = Channel(run_id, tty=tty)
         self._channels[run_id] = channel
         return channel
 
     def close_channel(self, run_id: str) -> None:
-        self._channels.pop(run_id, None)
+        channel = self._channels.pop(run_id, None)
+        if channel is not None and channel.master is not None:  # (never taken by its run)
+            _close_fds([channel.master])
+            channel.master = None
 
     async def spawn(self, channel: Channel, request: dict[str, Any], fds: list[int]) -> None:
         await self._send({"op": "spawn", "id": channel.run_id, **request}, fds)
 
     async def terminate(self, run_id: str, grace_s: float) -> None:
         await self._send({"op": "terminate", "id": run_id, "grace": grace_s})
+
+    async def signal(self, run_id: str, sig: int, target: str) -> None:
+        """``sig`` to ``target`` of the run (``runner.Runner.signal_run``); no answer."""
+        await self._send({"op": "signal", "id": run_id, "sig": sig, "target": target})
 
     def _route_open(self, msg: dict[str, Any]) -> None:
         """An ``open`` reply to its waiter; the fds of one nobody waits for (any more) are

@@ -21,6 +21,7 @@ import psutil
 
 from sandboxrun.backends.client import Channel, RunnerClient
 from sandboxrun.engine.capture.pipes import FdPump
+from sandboxrun.engine.capture.pty_pump import PtyPump
 from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.engine.results import NotStarted, spawn_exit_code
@@ -40,7 +41,7 @@ class SupervisedRun:
         self,
         client: RunnerClient,
         channel: Channel,
-        pump: FdPump,
+        pump: FdPump | PtyPump,
         verify: Callable[[str], Awaitable[int]] | None = None,
     ) -> None:
         self._client = client
@@ -120,31 +121,59 @@ async def start_supervised(
     verify: Callable[[str], Awaitable[int]] | None = None,
 ) -> SupervisedRun:
     """Start ``launch`` under ``client``'s supervisor (the spawn's argv, env and cwd from the
-    plan, ``extra`` options beside them), its stdio passed with the spawn. ``NotStarted``
-    when it could not be executed or the supervisor did not answer."""
+    plan, ``extra`` options beside them), its stdio passed with the spawn, or, for a run on a
+    terminal (``request.tty``), the master received with the answer. ``NotStarted`` when it
+    could not be executed or the supervisor did not answer."""
     request = launch.request
-    pipes = stdio.pipes()
+    tty = request.tty
     message: dict[str, Any] = {"argv": launch.argv, "env": launch.env, "cwd": launch.cwd}
     message.update(extra or {})
-    channel = client.open_channel(request.run_id)
+    pipes = None
+    if tty is None:
+        pipes = stdio.pipes()
+    else:
+        message["tty"] = tty.spawn_options()
+    channel = client.open_channel(request.run_id, tty=tty is not None)
     try:
-        spawned = await _spawn(client, channel, request, message, list(pipes.child))
+        spawned = await _spawn(
+            client, channel, request, message, [] if pipes is None else list(pipes.child)
+        )
     except BackendError as exc:
         client.close_channel(request.run_id)
         raise NotStarted("sandbox_error", str(exc)) from None
     except BaseException:
         client.close_channel(request.run_id)
         raise
-    stdio.sent()
     if spawned is not None:
         client.close_channel(request.run_id)
+        if spawned.get("_host"):  # it runs, but the host cannot use what came: end it
+            with suppress(BackendError):
+                await client.terminate(request.run_id, 0.0)
         code, error = spawned.get("errno"), spawned.get("error")
         raise NotStarted(
             "spawn_error",
             clip(str(error)) if error is not None else "the command could not be started",
             exit_code=spawn_exit_code(code if isinstance(code, int) else 0),
         )
-    return SupervisedRun(client, channel, pipes.pump, verify)
+    if pipes is not None:
+        stdio.sent()
+        return SupervisedRun(client, channel, pipes.pump, verify)
+    assert tty is not None and channel.master is not None
+    run_id = request.run_id
+
+    async def signaller(sig: int, target: str) -> None:
+        await client.signal(run_id, sig, target)
+
+    try:
+        master, channel.master = channel.master, None
+        pump = stdio.terminal(master)  # owned by the run's streams from here
+        tty.attach(master, signaller)
+    except BaseException:  # it runs: it must not run unwatched
+        client.close_channel(run_id)
+        with suppress(BackendError):
+            await client.terminate(run_id, 0.0)
+        raise
+    return SupervisedRun(client, channel, pump, verify)
 
 
 async def _spawn(

@@ -10,6 +10,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 from sandboxrun.engine.capture.pipes import FdPump, output_pipe
+from sandboxrun.engine.capture.pty_pump import PtyPump
 from sandboxrun.engine.capture.spill import SpillDir, default_spill_root
 from sandboxrun.engine.capture.stream import Activity, StreamCapture
 from sandboxrun.engine.request import ExecRequest, StdinStream
@@ -76,6 +77,7 @@ class Stdio:
         self._fds: list[int] = []
         self._child: tuple[int, ...] = ()
         self._pump: FdPump | None = None
+        self._pty: PtyPump | None = None
 
     def __enter__(self) -> Stdio:
         return self
@@ -105,6 +107,17 @@ class Stdio:
         self._pump = FdPump([(out_r, self.stdout), (err_r, self.stderr)], stdin)
         return Pipes((in_r, out_w, err_w), self._pump)
 
+    def terminal(self, master: int) -> PtyPump:
+        """The run's terminal: ``master`` (received from the supervisor, checked) is owned here
+        from now on, read into ``stdout`` and fed from the request's stdin stream; the
+        request's ``tty`` control is attached to it until ``close``."""
+        assert self._pump is None and self._pty is None, "a run has one set of streams"
+        self._fds.append(master)
+        os.set_blocking(master, False)
+        stdin = self.request.stdin if isinstance(self.request.stdin, StdinStream) else None
+        self._pty = PtyPump(master, self.stdout, stdin)
+        return self._pty
+
     def sent(self) -> None:
         """The command has its copies of our child ends (spawned): close ours, so that EOF
         comes when the command's side closes."""
@@ -114,8 +127,12 @@ class Stdio:
         self._child = ()
 
     def close(self) -> None:
+        if self.request.tty is not None:
+            self.request.tty.detach()  # before the master closes: nothing reaches a stale fd
         if self._pump is not None:
             self._pump.close_stdin()
+        elif self._pty is not None:
+            self._pty.close_stdin()
         elif isinstance(self.request.stdin, StdinStream):  # no command ever read it
             self.request.stdin.abort()
         for fd in self._fds:

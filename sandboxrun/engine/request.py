@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
 from sandboxrun.models import Limits, Policy
+
+if TYPE_CHECKING:
+    from sandboxrun.engine.pty import PtyControl
 
 Sink = Callable[[str, bytes], None]
 """Live output sink: called with ``("stdout" | "stderr", chunk)`` as chunks arrive."""
@@ -148,6 +151,10 @@ class ExecRequest:
     login_shell: str | None = None
     """The shell chosen inside the sandbox for the login profile and ``--shell`` scripts (None:
     the backend's default)."""
+    tty: PtyControl | None = None
+    """Run on a pseudo-terminal made inside the sandbox (``Sandbox.open_terminal``): its
+    output is the terminal's (``stdout``), its input the ``stdin`` stream; the owner drives the
+    terminal through this control."""
     snapshot: Snapshot | None = None
     """The login-shell environment in force (``login="snapshot"``); None: none was taken."""
     direct_argv: bool = False

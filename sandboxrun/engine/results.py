@@ -39,6 +39,8 @@ class RunFacts:
     """Time the login-shell snapshot took for this command (added to its duration)."""
     warnings: tuple[str, ...] = ()
     """Notes to report with the result (a failed snapshot, once)."""
+    tty: bool = False
+    """The command ran on a terminal (``ExecResult.tty``)."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,7 @@ def finish_result(
         missing_guarantees=missing,
         fallback_reason=facts.fallback_reason,
         via=via or facts.via,
+        tty=facts.tty,
         survivors=term.survivors,
         argv=facts.argv,
         run_id=facts.run_id,

@@ -22,11 +22,13 @@ when this Python cannot serve (too old), it replaces itself with ``sleep infinit
 uses the engine's exec path. Commands get the runner's own environment (the image's) under the
 spawn's ``env`` when the spawn says ``inherit``, as ``docker exec`` does.
 
-host -> runner: ``spawn {id, argv, env, cwd, grace}`` + 3 fds, ``terminate {id, grace}``,
+host -> runner: ``spawn {id, argv, env, cwd, grace[, tty {rows, cols}]}`` + 3 fds (none with
+``tty``), ``terminate {id, grace}``, ``signal {id, sig, target}`` (``signal_run``),
 ``shutdown {}``, ``open {id, path, flags, mode[, beneath]}`` (the runner opens the path in
 the sandbox's view, with its credentials; with ``beneath`` the path is relative to that
 directory and may not leave it: ``open_beneath``).  runner -> host: ``ready {pid, layers}``,
-``confine_error {error}``, ``spawned {id, pid}``, ``spawn_error {id, errno, error}``,
+``confine_error {error}``, ``spawned {id, pid[, fds: 1]}`` (+ the terminal's master with
+``tty``), ``spawn_error {id, errno, error}``,
 ``exit {id, status}``, ``terminated {id, survivors, cpu_s, maxrss_kb}``,
 ``opened {id, kind, size, fds: 1}`` + the fd (a regular file or a directory only),
 ``open_error {id, errno, error}`` (errno 0: it is something else, a FIFO, a device...).
@@ -60,14 +62,14 @@ if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.runner (th
         recv_fds,
     )
     from .safeopen import MAX_HOPS, open_beneath
-    from .spawn import spawn
+    from .spawn import spawn, spawn_tty
 else:  # run as a script (the local backends) or imported as ``runner`` (docker's boot code)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from procfs import marker_of as run_marker
     from procfs import stat_fields, threads_left
     from protocol import HEADER, KILL_BUDGET_S, MAX_SEND, MAX_TEXT, ORPHANED_GRACE_S, clip, recv_fds
     from safeopen import MAX_HOPS, open_beneath
-    from spawn import spawn
+    from spawn import spawn, spawn_tty
 
 __all__ = [
     "HEADER",
@@ -320,6 +322,8 @@ class Runner:
             run = self.runs.get(msg["id"])
             if run is not None:
                 self.start_termination(run, float(msg["grace"]))
+        elif op == "signal":
+            self.signal_run(msg)
         elif op == "shutdown":
             self.begin_close()
         elif op == "open":
@@ -372,16 +376,25 @@ class Runner:
 
     # -- spawning and reaping ---------------------------------------------------------------
     def spawn(self, msg: dict[str, Any], stdio: list[int], truncated: bool = False) -> None:
-        """Start a run on ``stdio``, the three fds that came with its request (closed here)."""
+        """Start a run on ``stdio``, the three fds that came with its request (closed here);
+        with ``tty {rows, cols}`` (and no fds) on a pseudo-terminal made here, whose master
+        goes to the host with ``spawned`` (no copy is kept: the host's is the only one)."""
         restore = None
+        master = -1
+        tty = msg.get("tty")
         try:
             if truncated:
                 raise OSError(errno.EMFILE, "too many open files in the supervisor")
-            if len(stdio) != 3:
+            if len(stdio) != (0 if tty is not None else 3):
                 raise OSError(0, "the spawn request came without its three stdio fds")
             env = {**os.environ, **msg["env"]} if msg.get("inherit") else msg["env"]
             restore = self.raise_oom_score(msg.get("oom_score_adj"))
-            pid = spawn(msg["argv"], env, msg["cwd"], stdio)
+            if tty is not None:
+                pid, master = spawn_tty(
+                    msg["argv"], env, msg["cwd"], int(tty["rows"]), int(tty["cols"])
+                )
+            else:
+                pid = spawn(msg["argv"], env, msg["cwd"], stdio)
         except Exception as exc:  # a spawn problem must never take the runner (and its runs) down
             code, why = describe_error(exc)
             self.send(op="spawn_error", id=msg.get("id"), errno=code, error=why)
@@ -394,7 +407,57 @@ class Runner:
         run = Run(msg["id"], pid, float(msg["grace"]))
         self.runs[run.id] = run
         self.mains[run.pid] = run
-        self.send(op="spawned", id=run.id, pid=run.pid)
+        if master < 0:
+            self.send(op="spawned", id=run.id, pid=run.pid)
+            return
+        try:
+            self.send_fds([master], op="spawned", id=run.id, pid=run.pid)
+        finally:
+            os.close(master)
+
+    def signal_run(self, msg: dict[str, Any]) -> None:
+        """``signal {id, sig, target}``: ``foreground``, the foreground process group of the
+        run's terminal (read from the ``tpgid`` of a process of the run's session, so the
+        leader may be gone), ``foreground-spare`` the same unless that is the leader's own
+        group (an escalated interrupt that must not hit the shell); ``leader``, its main
+        process; ``session``, every process of it. A run that is over gets nothing."""
+        run = self.runs.get(msg["id"])
+        sig = int(msg["sig"])
+        if run is None or not 0 < sig < signal.NSIG:
+            return
+        target = msg.get("target")
+        if target == "leader":
+            if run.status is None:
+                try:
+                    os.kill(run.pid, sig)
+                except OSError:
+                    pass
+            return
+        members = self.refresh().get(run.id, {})
+        if run.status is None:
+            members = {run.pid: 0, **members}
+        if target == "session":
+            for pid in members:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            return
+        if target not in ("foreground", "foreground-spare"):
+            return
+        for pid in members:
+            fields = stat_fields(pid)
+            if fields is None or len(fields) < 6 or int(fields[3]) != run.pid:
+                continue  # (a member that made a session of its own has no say here)
+            group = int(fields[5])
+            if target == "foreground-spare" and group == run.pid:
+                return  # the leader's own group is in the foreground again: spared
+            if group > 0:
+                try:
+                    os.killpg(group, sig)
+                except OSError:
+                    pass
+                return
 
     @staticmethod
     def raise_oom_score(value: object) -> str | None:

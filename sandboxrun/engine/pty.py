@@ -1,0 +1,161 @@
+"""The host's end of a run's pseudo-terminal (``docs/terminals.md``): the master the sandbox's
+supervisor made inside the sandbox and sent here, checked (``check_master``) and driven by
+ioctls, with no round trip: its size (``TIOCSWINSZ``), its foreground process group and session
+(``TIOCGPGRP``, ``TIOCGSID``: host pids) and the terminal's own signals (``TIOCSIG``: INT, QUIT
+and TSTP only, a kernel rule, delivered even with ISIG off). Other signals go through the
+supervisor (``PtyControl.signal``), which sees the sandbox's processes.
+
+A ``PtyControl`` rides in the run's ``ExecRequest`` (``tty``): the caller keeps it, the backend
+attaches the master to it once the command runs, ``Stdio.close`` detaches it (the master is
+closed then: the terminal is hung up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import stat
+import struct
+import termios
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from sandboxrun.errors import ConfigError
+
+PTY_MASTER_MAJOR = 5
+"""``/dev/ptmx`` and ``/dev/pts/ptmx`` are character device 5:2: every pty master is one."""
+PTY_MASTER_MINOR = 2
+TIOCSIG = getattr(termios, "TIOCSIG", 0x40045436)
+"""``_IOW('T', 0x36, int)``: send a signal to the terminal's foreground process group."""
+TIOCGPTN = getattr(termios, "TIOCGPTN", 0x80045430)
+"""``_IOR('T', 0x30, unsigned int)``: the pty number of a master (only a master answers)."""
+TIOCGSID = getattr(termios, "TIOCGSID", 0x5429)
+"""The session a terminal controls (its leader's pid)."""
+TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP})
+"""The signals ``TIOCSIG`` delivers (others give EINVAL)."""
+MAX_SIDE = 10000
+
+Signaller = Callable[[int, str], Awaitable[None]]
+"""Sends a signal to a target of the run (``foreground``, ``leader``, ``session``) through the
+sandbox's supervisor."""
+
+
+def check_size(rows: int, cols: int) -> tuple[int, int]:
+    """``(rows, cols)`` when both are whole numbers from 1 to ``MAX_SIDE``; else ConfigError."""
+    for name, value in (("rows", rows), ("cols", cols)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIDE:
+            raise ConfigError(f"a terminal's {name} must be a whole number from 1 to {MAX_SIDE}")
+    return rows, cols
+
+
+def check_master(fd: int) -> str | None:
+    """Why ``fd`` is not a pseudo-terminal master (None when it is): the supervisor lives in
+    the sandbox and is never trusted, so a regular file, a socket, a pipe, a terminal's slave
+    end or ``/dev/tty`` sent as a master is refused."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        return f"it cannot be examined ({exc.strerror})"
+    if not stat.S_ISCHR(st.st_mode):
+        return "it is not a character device"
+    if (os.major(st.st_rdev), os.minor(st.st_rdev)) != (PTY_MASTER_MAJOR, PTY_MASTER_MINOR):
+        return f"it is character device {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, not ptmx"
+    try:
+        fcntl.ioctl(fd, TIOCGPTN, b"\0\0\0\0")
+    except OSError as exc:
+        return f"it does not answer TIOCGPTN ({exc.strerror})"
+    return None
+
+
+def _get_int(fd: int, request: int) -> int | None:
+    try:
+        raw = fcntl.ioctl(fd, request, b"\0\0\0\0")
+    except OSError:
+        return None
+    value: int = struct.unpack("i", raw)[0]
+    return value if value > 0 else None
+
+
+class PtyControl:
+    """A run's terminal as its owner drives it: the size it asked for, and, while the command
+    runs, the master (``attach``). Every method is synchronous but ``signal``; none blocks."""
+
+    def __init__(self, rows: int = 24, cols: int = 80, term: str = "xterm-256color") -> None:
+        self.rows, self.cols = check_size(rows, cols)
+        self.term = term
+        self.fd: int | None = None
+        self.ended = False
+        """The master was detached: the terminal is gone."""
+        self.ready = anyio.Event()
+        """Set once the master is attached, or the run ended without one."""
+        self.leader: int | None = None
+        """The session leader (the command) as a pid of this host, once attached."""
+        self._signaller: Signaller | None = None
+        self._sent_size = (self.rows, self.cols)
+
+    def spawn_options(self) -> dict[str, int]:
+        """What the supervisor's ``spawn`` gets: the size the terminal starts with."""
+        self._sent_size = (self.rows, self.cols)
+        return {"rows": self.rows, "cols": self.cols}
+
+    def attach(self, fd: int, signaller: Signaller) -> None:
+        """The command runs on the terminal whose master is ``fd`` (the caller owns the fd)."""
+        self.fd, self._signaller = fd, signaller
+        self.leader = _get_int(fd, TIOCGSID)
+        if (self.rows, self.cols) != self._sent_size:  # resized while it was being spawned
+            self._apply_size()
+        self.ready.set()
+
+    def detach(self) -> None:
+        """The run is over (its master is being closed): nothing more reaches it."""
+        self.fd, self._signaller, self.ended, self.leader = None, None, True, None
+        self.ready.set()
+
+    def resize(self, rows: int, cols: int) -> None:
+        self.rows, self.cols = check_size(rows, cols)
+        if self.fd is not None:
+            self._apply_size()
+
+    def _apply_size(self) -> None:
+        assert self.fd is not None
+        with contextlib.suppress(OSError):  # (the terminal is being hung up)
+            fcntl.ioctl(
+                self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", self.rows, self.cols, 0, 0)
+            )
+
+    def foreground(self) -> int | None:
+        """The terminal's foreground process group, as a pid of this host; None when it has
+        none (the session is gone) or the run is over."""
+        return None if self.fd is None else _get_int(self.fd, termios.TIOCGPGRP)
+
+    def session(self) -> int | None:
+        """The session the terminal controls (its leader's pid on this host), or None."""
+        return None if self.fd is None else _get_int(self.fd, TIOCGSID)
+
+    def terminal_signal(self, sig: int) -> bool:
+        """INT, QUIT or TSTP to the foreground group as the line discipline would send it for
+        ^C, ^\\ or ^Z (also in raw mode). False when the terminal is gone."""
+        if sig not in TERMINAL_SIGNALS:
+            raise ValueError(
+                f"TIOCSIG sends only INT, QUIT and TSTP, not {signal.Signals(sig).name}"
+            )
+        if self.fd is None:
+            return False
+        try:
+            fcntl.ioctl(self.fd, TIOCSIG, sig)
+        except OSError:
+            return False
+        return True
+
+    async def signal(self, sig: int, target: str, *, spare_leader: bool = False) -> bool:
+        """``sig`` to ``target`` (``foreground``, ``leader``, ``session``) through the
+        supervisor; ``spare_leader``: never to the session leader's own group (the
+        foreground changed back to the shell meanwhile). False when the run is over."""
+        signaller = self._signaller
+        if signaller is None:
+            return False
+        await signaller(sig, f"{target}-spare" if spare_leader else target)
+        return True
