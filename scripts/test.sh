@@ -11,9 +11,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
   || { echo "sandboxrun needs Python 3.11 or newer ($PY is older)" >&2; exit 1; }
-# The local isolation layer (process-group, systemd-scope) needs bubblewrap.
-if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+# The local isolation layer (process-group, systemd-scope) needs bubblewrap; the terminal tests
+# drive `sandboxrun shell` through tmux.
+if { ! command -v bwrap || ! command -v tmux; } >/dev/null && [ "$(id -u)" = 0 ] \
+  && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap tmux >/dev/null
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'

@@ -178,6 +178,16 @@ class Terminal:
         """Raw transcript bytes from ``offset`` (escape sequences included), as ``Job.read``."""
         return self.job.read(offset, limit)
 
+    async def next_output(self, offset: int = 0, limit: int = 65536) -> JobChunk:
+        """Raw transcript bytes from ``offset`` as soon as there are some (or the end: ``eof``
+        with no data): for a reader that follows the terminal live."""
+        while True:
+            changed = self._changed
+            chunk = self.job.read(offset, limit)
+            if chunk.data or chunk.eof:
+                return chunk
+            await changed.wait()
+
     def read_lines(self, offset: int | None = None, limit: int = 100) -> JobLines:
         return self.job.read_lines(offset, limit)
 

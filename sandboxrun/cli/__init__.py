@@ -19,9 +19,9 @@ from typing import Any
 
 import typer
 
-from sandboxrun.cli import admin, app, image, run  # registers the commands on cli.app
+from sandboxrun.cli import admin, app, image, run, shell  # registers the commands on cli.app
 
-__all__ = ["admin", "image", "main", "run"]
+__all__ = ["admin", "image", "main", "run", "shell"]
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:

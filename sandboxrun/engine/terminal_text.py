@@ -119,3 +119,40 @@ def plain(data: bytes, *, final: bool = True) -> tuple[str, int]:
     if "\r" in text or "\b" in text:
         text = "\n".join(_overstrike(line) for line in text.split("\n"))
     return text, used
+
+
+_ST = rb"(?:\x07|\x1b\\|\xc2\x9c)"
+_OSC = rb"(?:\x1b\]|\xc2\x9d)"
+DANGEROUS = re.compile(
+    b"|".join(
+        (
+            _OSC + rb"(?:52|50|1337)(?:;.*?)?" + _ST,  # clipboard, font, iTerm2's file/escape
+            _OSC + rb"(?:(?!\x07|\x1b\\|\xc2\x9c).)*\?.*?" + _ST,  # a query: its answer is input
+            rb"(?:\x1b[PX^_]|\xc2[\x90\x98\x9e\x9f]).*?" + _ST,  # DCS (passthrough), SOS, PM, APC
+            rb"(?:\x1b\[|\xc2\x9b)[\x30-\x3f]*[\x20-\x2f]*t",  # window operations and reports
+        )
+    ),
+    re.DOTALL,
+)
+"""What the interactive filter removes from a terminal's output on its way to the user's."""
+
+
+class InteractiveFilter:
+    """A sandbox terminal's output on its way to the user's own terminal (``sandboxrun
+    shell``): what a full-screen program needs (CSI, SGR, cursor, alternate screen, titles) goes
+    through; what reaches beyond the window does not: OSC 52 clipboard writes, OSC 50 and 1337,
+    every OSC query (its answer would be typed into the sandbox), DCS passthrough to the outer
+    terminal, SOS/PM/APC, and CSI ``t`` window operations and reports. Stateful: a sequence cut
+    between chunks is held until it is whole (a string longer than ``MAX_STRING`` is dropped)."""
+
+    def __init__(self) -> None:
+        self._carry = b""
+
+    def feed(self, chunk: bytes, *, final: bool = False) -> bytes:
+        data = self._carry + chunk
+        cut = len(data) if final else _held(data)
+        body, self._carry = data[:cut], data[cut:]
+        opened = _open_string(body)
+        if opened is not None:  # never ended within the bound (or the stream did): not passed
+            body = body[:opened]
+        return DANGEROUS.sub(b"", body)
