@@ -515,15 +515,20 @@ class Sandbox:
         terminal = Terminal(request, backend=backend.name, on_end=self._terminal_ended)
         self._terminals.append(terminal)
         terminal.job.launch(self.run_request)
-        with anyio.move_on_after(OPEN_TERMINAL_TIMEOUT_S):
-            async with anyio.create_task_group() as tg:
+        try:
+            with anyio.move_on_after(OPEN_TERMINAL_TIMEOUT_S):
+                async with anyio.create_task_group() as tg:
 
-                async def first(event: Callable[[], Awaitable[None]]) -> None:
-                    await event()
-                    tg.cancel_scope.cancel()
+                    async def first(event: Callable[[], Awaitable[None]]) -> None:
+                        await event()
+                        tg.cancel_scope.cancel()
 
-                tg.start_soon(first, control.ready.wait)
-                tg.start_soon(first, terminal.job.ended)
+                    tg.start_soon(first, control.ready.wait)
+                    tg.start_soon(first, terminal.job.ended)
+        except BaseException:  # the caller gave up: the terminal nobody holds is ended
+            with anyio.CancelScope(shield=True):
+                await terminal.close()
+            raise
         return terminal
 
     async def open_shell(

@@ -22,6 +22,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -121,6 +122,7 @@ class Shell:
         self._at = 0
         """Transcript offset after the last marker taken: the next command's output starts."""
         self._scanned = 0
+        self._modes: list[Any] | None = None
 
     @property
     def busy(self) -> bool:
@@ -143,6 +145,9 @@ class Shell:
         if settled is None:
             raise BackendError("the shell did not take its settings (stty -echo)")
         self._at = settled[2]  # (the settings line was echoed: echo was still on)
+        self._modes = self.terminal.control.modes()
+        """The terminal's modes at the prompt, echo off: put back before every command (one
+        may turn echo on, or make ``e`` its interrupt character)."""
 
     async def run(
         self, command: str, timeout: float = 120.0, *, max_output: int = MAX_OUTPUT
@@ -153,48 +158,70 @@ class Shell:
         if self.terminal.done:
             raise BrokenPipeError("the shell has ended: restart() it")
         deadline = time.monotonic() + timeout
+        if self._modes is not None:
+            self.terminal.control.set_modes(self._modes)
         key = secrets.token_hex(8)
         parts = pieces(command)
-        for i, part in enumerate(parts[:-1]):  # long: typed into a variable, a line at a time
-            assign = "=" if i == 0 else "+="
-            await self._type(f"__sandboxrun_key={key}; __sandboxrun_cmd{assign}$'{part}'", deadline)
-            typed = await self._marker(key, deadline - time.monotonic())
-            if typed is None:
-                break
-            self._at = typed[2]
-        last = parts[-1]
-        if len(parts) > 1:
-            line = (
-                f"__sandboxrun_cmd+=$'{last}'; __sandboxrun_key={key}; eval \"$__sandboxrun_cmd\""
-            )
-        else:
-            line = f"__sandboxrun_key={key}; eval $'{last}'"
         start = self._at
-        await self._type(line, deadline)
+        typed: tuple[int, int, int] | None = None
+        try:
+            for i, part in enumerate(parts[:-1]):  # long: into a variable, a line at a time
+                assign = "=" if i == 0 else "+="
+                await self._type(
+                    f"__sandboxrun_key={key}; __sandboxrun_cmd{assign}$'{part}'", deadline
+                )
+                typed = await self._marker(key, deadline - time.monotonic())
+                if typed is None:  # never run a command with a piece missing
+                    return await self._lost(start, timed_out=not self.terminal.done)
+                self._at = start = typed[2]
+            last = parts[-1]
+            if len(parts) > 1:
+                line = (
+                    f"__sandboxrun_cmd+=$'{last}'; __sandboxrun_key={key}; "
+                    'eval "$__sandboxrun_cmd"'
+                )
+            else:
+                line = f"__sandboxrun_key={key}; eval $'{last}'"
+            await self._type(line, deadline)
+        except (TimeoutError, BrokenPipeError):  # a line half typed: the shell cannot be trusted
+            return await self._lost(start, timed_out=not self.terminal.done)
         found = await self._marker(key, deadline - time.monotonic())
-        timed_out = interrupted = restarted = False
-        if found is None:
+        timed_out = interrupted = False
+        if found is None and not self.terminal.done:
             timed_out = True
             interrupted = await self.terminal.interrupt() in ("interrupted", "killed", "sent")
             found = await self._marker(key, RECOVER_S)
-        end = found[0] if found is not None else self._scanned
-        output, lossy, omitted = self._output(start, end, max_output)
-        code = found[1] if found is not None else None
         if found is None:
-            restarted = True
-            await self.restart()
-        else:
-            self._at = found[2]
+            return await self._lost(start, timed_out=timed_out, interrupted=interrupted)
+        output, lossy, omitted = self._output(start, found[0], max_output)
+        self._at = found[2]
         return ShellResult(
             output,
-            code,
+            found[1],
+            timed_out,
+            interrupted,
+            lossy or omitted > 0,
+            start,
+            found[0],
+            omitted,
+        )
+
+    async def _lost(self, start: int, *, timed_out: bool, interrupted: bool = False) -> ShellResult:
+        """The command's end was not seen (the shell exited, or did not come back): what it
+        printed, and a fresh shell for the next command."""
+        end = max(start, self._scanned)
+        output, lossy, omitted = self._output(start, end, MAX_OUTPUT)
+        await self.restart()
+        return ShellResult(
+            output,
+            None,
             timed_out,
             interrupted,
             lossy or omitted > 0,
             start,
             end,
             omitted,
-            restarted,
+            restarted=True,
         )
 
     async def _type(self, line: str, deadline: float) -> None:
@@ -213,10 +240,9 @@ class Shell:
             if chunk.lossy:
                 pos = chunk.offset
             data = chunk.data
-            for found in MARKER.finditer(data):
-                fg = term.foreground()
-                at_prompt = fg is not None and fg.is_leader
-                if at_prompt and (key is None or found.group(2).decode() == key):
+            at_prompt = term.control.at_prompt()  # once per chunk: a flood of markers is cheap
+            for found in MARKER.finditer(data) if at_prompt else ():
+                if key is None or found.group(2).decode() == key:
                     self._scanned = chunk.offset + found.end()
                     return chunk.offset + found.start(), int(found.group(1)), self._scanned
             keep = data.rfind(b"\x1b", max(0, len(data) - 64))  # a marker still arriving

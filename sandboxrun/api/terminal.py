@@ -39,6 +39,8 @@ INTERRUPT_TRIES = 3
 INTERRUPT_WAIT_S = 0.15
 """How long one ^C is given to bring the terminal's foreground back to the shell."""
 POLL_S = 0.002
+SEARCH_OVERLAP = 4096
+"""Characters before the new text that ``wait_output``'s pattern is searched in again."""
 SignalTarget = Literal["foreground", "leader", "session"]
 Interrupted = Literal["sent", "interrupted", "killed", "ended", "failed"]
 
@@ -218,14 +220,27 @@ class Terminal:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         deadline = time.monotonic() + timeout
         since = time.monotonic()
+        parts: list[str] = []
+        cursor, first, lossy, searched = after, None, False, 0
         while True:
             changed = self._changed
-            out = self.text(after)
-            found = regex.search(out.text) if regex is not None else None
-            if found is not None:
-                return OutputWait(out, "pattern", found)
-            if out.eof or self.done:
-                return OutputWait(self.text(after), "eof")
+            while True:  # what came since the last look, whatever its size
+                piece = self.text(cursor)
+                first = piece.offset if first is None else first
+                lossy = lossy or piece.lossy
+                if piece.next_offset == cursor:
+                    break
+                parts.append(piece.text)
+                cursor = piece.next_offset
+            text = "".join(parts)
+            out = TerminalText(text, first, cursor, lossy, piece.eof)
+            if regex is not None:  # the new text, and enough before it for a match across
+                found = regex.search(text, max(0, searched - SEARCH_OVERLAP))
+                searched = len(text)
+                if found is not None:
+                    return OutputWait(out, "pattern", found)
+            if piece.eof or self.done:
+                return OutputWait(out, "eof")
             now = time.monotonic()
             wake = deadline
             if idle is not None:
@@ -284,19 +299,22 @@ class Terminal:
         for _ in range(INTERRUPT_TRIES):
             if not control.terminal_signal(signals.SIGINT):
                 return "ended"
-            if await self._moved_from(group, INTERRUPT_WAIT_S):
+            if await self._back_to(session, INTERRUPT_WAIT_S):
                 return "interrupted"
-        with suppress(SandboxrunError):
-            await control.signal(signals.SIGKILL, "foreground", spare_leader=True)
-        if await self._moved_from(group, grace):
-            return "killed"
+        for _ in range(INTERRUPT_TRIES):  # (a job may hand the foreground to another group)
+            with suppress(SandboxrunError):
+                await control.signal(signals.SIGKILL, "foreground", spare_leader=True)
+            if await self._back_to(session, grace / INTERRUPT_TRIES):
+                return "killed"
         return "failed"
 
-    async def _moved_from(self, group: int, within: float) -> bool:
+    async def _back_to(self, session: int | None, within: float) -> bool:
+        """Whether the session leader's own group holds the foreground again (or the
+        terminal is gone) within ``within`` seconds."""
         deadline = time.monotonic() + within
         while True:
             now_group = self.control.foreground()
-            if self.done or now_group != group:
+            if self.done or now_group is None or now_group == session:
                 return True
             if time.monotonic() >= deadline:
                 return False

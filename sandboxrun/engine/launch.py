@@ -14,6 +14,12 @@ from sandboxrun.engine.capture.pty_pump import PtyPump
 from sandboxrun.engine.capture.spill import SpillDir, default_spill_root
 from sandboxrun.engine.capture.stream import Activity, StreamCapture
 from sandboxrun.engine.request import ExecRequest, StdinStream
+from sandboxrun.engine.results import NotStarted
+
+NO_TERMINAL = (
+    "this backend cannot give the command a terminal now (terminals need the sandbox's "
+    "supervisor): it was not started"
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,8 @@ class Stdio:
         ends; stdin from ``/dev/null``, or a pipe whose write end the pump owns."""
         assert self._pump is None, "the pipes of a run are made once"
         request = self.request
+        if request.tty is not None:  # a terminal never silently becomes pipes
+            raise NotStarted("sandbox_error", NO_TERMINAL)
         out_r, out_w = output_pipe()
         self._fds += [out_r, out_w]
         err_r, err_w = output_pipe()

@@ -20,6 +20,7 @@ import stat
 import struct
 import termios
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 
@@ -125,6 +126,27 @@ class PtyControl:
             fcntl.ioctl(
                 self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", self.rows, self.cols, 0, 0)
             )
+
+    def modes(self) -> list[Any] | None:
+        """The terminal's modes (``termios.tcgetattr``: a master's ioctls reach its slave's),
+        or None once it is gone."""
+        if self.fd is None:
+            return None
+        try:
+            return termios.tcgetattr(self.fd)
+        except termios.error:
+            return None
+
+    def set_modes(self, modes: list[Any]) -> None:
+        """Put the terminal's modes back to ``modes`` (what a command changed: echo, ^C)."""
+        if self.fd is not None:
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSANOW, modes)
+
+    def at_prompt(self) -> bool:
+        """The session leader's own group holds the foreground (two ioctls, no /proc walk)."""
+        group = self.foreground()
+        return group is not None and group == self.session()
 
     def foreground(self) -> int | None:
         """The terminal's foreground process group, as a pid of this host; None when it has

@@ -10,8 +10,11 @@ and decodes UTF-8 (invalid bytes replaced).
 
 It works on a stream cut anywhere: with ``final=False`` an escape sequence or a UTF-8
 character that the data ends inside of is left unread (``plain`` says how many bytes it used),
-so the next call, from there, sees it whole. A string sequence that never ends is dropped once
-it is longer than ``MAX_STRING`` bytes (its terminator may never come).
+so the next call, from there, sees it whole. A string sequence ends where a terminal would give
+it up too (CAN, SUB, an ESC that begins something else); one that never ends loses its opener
+once it is longer than ``MAX_STRING`` bytes, or at the stream's end, and what followed is shown
+as text. Whatever control is left after that (bytes on either side of a removed sequence that
+make a C1 control together) and the bidirectional overrides go in a last pass on the text.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ MAX_STRING = 1 << 16
 """Bytes of an unterminated OSC/DCS/SOS/PM/APC string held back, at most, waiting for its end."""
 
 _CSI = rb"(?:\x1b\[|\xc2\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]"
-_STRING = rb"(?:\x1b[\]PX^_]|\xc2[\x9d\x90\x98\x9e\x9f]).*?(?:\x07|\x1b\\|\xc2\x9c)"
+_STRING = (
+    rb"(?:\x1b[\]PX^_]|\xc2[\x9d\x90\x98\x9e\x9f])(?:[^\x07\x18\x1a\x1b\xc2]|\xc2(?!\x9c))*"
+    rb"(?:\x07|\x1b\\|\xc2\x9c|[\x18\x1a]|(?=\x1b))"
+)
+"""A string sequence to its end: BEL or ST, or where a terminal gives it up (CAN, SUB, or an
+ESC that begins something else, left for the next sequence)."""
 _TWO = rb"\x1b[\x20-\x2f]*[\x30-\x7e]"
 _C1 = rb"\xc2[\x80-\x9f]"
 _C0 = rb"[\x00-\x07\x0b-\x0c\x0e-\x1f\x7f]"
@@ -36,13 +44,15 @@ _PARTIAL = re.compile(rb"(?:\x1b\[?|\xc2\x9b)[\x30-\x3f]*[\x20-\x2f]*|\x1b[\x20-
 """A control sequence the data ends inside of (held back unless ``final``)."""
 
 
-def _open_string(data: bytes) -> int | None:
-    """Where the first string sequence that ``data`` does not end begins, or None."""
+def _open_string(data: bytes, at_end: bool = True) -> int | None:
+    """Where the first string sequence that ``data`` does not end begins, or None.
+    ``at_end``: nothing is known past ``data`` (an ESC last of all may still begin an ST)."""
     found = _OPEN.search(data)
     while found is not None:
         whole = STRING.match(data, found.start())
-        if whole is None:
-            return found.start()
+        last = at_end and whole is not None and whole.end() == len(data) - 1
+        if whole is None or (last and data.endswith(b"\x1b")):
+            return found.start()  # (an ESC last of all may still begin its ST)
         found = _OPEN.search(data, whole.end())
     return None
 
@@ -77,9 +87,9 @@ def _held(data: bytes) -> int:
     """Where the part of ``data`` that may still change meaning begins (an unfinished
     sequence or character), ``len(data)`` when none."""
     cut = min(len(data) - _utf8_tail(data), _partial(data))
-    opened = _open_string(data)
+    opened = _open_string(data[:cut], at_end=cut == len(data))
     if opened is not None and len(data) - opened <= MAX_STRING:  # waiting for its end
-        cut = min(cut, opened)
+        cut = opened
     return cut
 
 
@@ -109,16 +119,22 @@ def plain(data: bytes, *, final: bool = True) -> tuple[str, int]:
     unfinished sequence at the end is dropped); else ``used`` stops before one."""
     used = len(data) if final else _held(data)
     body = data[:used]
-    opened = _open_string(body)
-    if opened is not None:  # never ends (or is longer than MAX_STRING): not text
-        body = body[:opened]
+    opened = _open_string(body, at_end=False)
+    if opened is not None:  # never ends (or is longer than MAX_STRING): its opener goes, what
+        body = body[:opened] + body[opened + 2 :]  # followed is shown (hidden by nothing)
     if final:
         body = body[: _partial(body)]
     body = SEQUENCES.sub(b"", body).replace(b"\x1b", b"")
     text = body.decode("utf-8", "replace").replace("\r\n", "\n")
     if "\r" in text or "\b" in text:
         text = "\n".join(_overstrike(line) for line in text.split("\n"))
-    return text, used
+    return _LEFT.sub("", text), used
+
+
+_LEFT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""What may still be left once the sequences are gone (bytes on either side of a removed one
+that make a control together: ``\\xc2`` + ``\\x9b``), and the bidirectional overrides that
+reorder what a reader sees (Trojan Source)."""
 
 
 _ST = rb"(?:\x07|\x1b\\|\xc2\x9c)"
@@ -152,7 +168,17 @@ class InteractiveFilter:
         data = self._carry + chunk
         cut = len(data) if final else _held(data)
         body, self._carry = data[:cut], data[cut:]
-        opened = _open_string(body)
-        if opened is not None:  # never ended within the bound (or the stream did): not passed
-            body = body[:opened]
-        return DANGEROUS.sub(b"", body)
+        opened = _open_string(body, at_end=False)
+        if opened is not None:  # never ended within the bound (or the stream did): its opener
+            body = body[:opened] + body[opened + 2 :]  # goes, the rest is plain text
+        for _ in range(8):  # what a removal joins (``\\xc2`` + a C1 opener) is looked at again
+            shown = DANGEROUS.sub(b"", body)
+            if shown == body:
+                break
+            body = shown
+        else:
+            body = _OPEN.sub(b"", body)  # (a hostile nest: no string opener passes at all)
+        if not final:  # what a removal left unfinished at the end waits for the next chunk
+            keep = _held(body)
+            body, self._carry = body[:keep], body[keep:] + self._carry
+        return body

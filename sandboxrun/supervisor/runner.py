@@ -383,6 +383,9 @@ class Runner:
         master = -1
         tty = msg.get("tty")
         try:
+            run_id, grace = msg["id"], float(msg["grace"])  # checked before anything starts
+            if not isinstance(run_id, str) or not grace >= 0:
+                raise ValueError("a spawn needs a string id and a grace period")
             if truncated:
                 raise OSError(errno.EMFILE, "too many open files in the supervisor")
             if len(stdio) != (0 if tty is not None else 3):
@@ -404,7 +407,7 @@ class Runner:
                 os.close(fd)
             if restore is not None:
                 self.raise_oom_score(restore)
-        run = Run(msg["id"], pid, float(msg["grace"]))
+        run = Run(run_id, pid, grace)
         self.runs[run.id] = run
         self.mains[run.pid] = run
         if master < 0:
@@ -421,9 +424,9 @@ class Runner:
         leader may be gone), ``foreground-spare`` the same unless that is the leader's own
         group (an escalated interrupt that must not hit the shell); ``leader``, its main
         process; ``session``, every process of it. A run that is over gets nothing."""
-        run = self.runs.get(msg["id"])
-        sig = int(msg["sig"])
-        if run is None or not 0 < sig < signal.NSIG:
+        run = self.runs.get(msg.get("id"))  # type: ignore[arg-type]
+        sig = msg.get("sig")
+        if run is None or type(sig) is not int or not 0 < sig < signal.NSIG:
             return
         target = msg.get("target")
         if target == "leader":

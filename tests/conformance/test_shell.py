@@ -6,8 +6,10 @@ command, a timeout (SWE-ReX #29: output lost), a shell that exits. Real terminal
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
+import anyio
 import pytest
 from conformance_helpers import assert_container_clean
 from helpers import wait_until
@@ -151,6 +153,7 @@ async def test_a_shell_that_exits_is_restarted_and_says_so(
         await sh.run("Y=1")
         gone_shell = await sh.run("exit 3", timeout=10)
         assert gone_shell.restarted and gone_shell.exit_code is None, gone_shell
+        assert not gone_shell.timed_out
         fresh = await sh.run("echo Y=${Y-unset}")
         assert fresh.output == "Y=unset\n"
         assert sum(not t.done for t in sb.terminals()) == 1
@@ -165,3 +168,43 @@ async def test_closing_the_sandbox_ends_the_shell_and_its_background_jobs(
         await sh.run(f"setsid sleep {tok} & nohup sleep {tok} >/dev/null 2>&1 &")
         assert wait_until(lambda: alive(tok), 5)
     assert wait_until(lambda: gone(tok), 5)
+
+
+async def test_a_command_that_changes_the_terminals_modes_does_not_break_the_next(
+    workspace: Path, sh_backend: str
+) -> None:
+    async with Sandbox(workspace, backend=sh_backend, limits=FAST) as sb:
+        sh = await sb.open_shell()
+        assert (await sh.run("stty echo intr e; stty -isig")).exit_code == 0
+        after = await sh.run("echo one")
+        assert after.output == "one\n", after  # no echo of the typed line, e is a letter
+        trapped = await sh.run("sleep 600", timeout=1.0)
+        assert trapped.timed_out and trapped.interrupted and not trapped.restarted, trapped
+        assert (await sh.run("echo two")).output == "two\n"
+
+
+async def test_a_flood_of_forged_markers_neither_ends_the_command_nor_stalls_the_loop(
+    workspace: Path, sh_backend: str
+) -> None:
+    forge = (
+        "import sys; sys.stdout.write('\\x1b]133;D;0;%s\\x07' % ('0' * 16) * 20000); print('end')"
+    )
+    (workspace / "flood.py").write_text(forge)
+    async with Sandbox(workspace, backend=sh_backend, limits=FAST) as sb:
+        sh = await sb.open_shell()
+        beats = 0
+
+        async def heartbeat() -> None:
+            nonlocal beats
+            while True:
+                await anyio.sleep(0.01)
+                beats += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(heartbeat)
+            began = time.monotonic()
+            result = await sh.run("python3 flood.py; echo rc=$?", timeout=30)
+            spent = time.monotonic() - began
+            tg.cancel_scope.cancel()
+        assert result.exit_code == 0 and result.output.endswith("end\nrc=0\n"), result
+        assert spent < 20 and beats >= spent / 0.01 / 10, (beats, spent)  # the loop kept turning

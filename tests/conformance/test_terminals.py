@@ -471,3 +471,15 @@ async def test_systemd_scope_refuses_by_name(workspace: Path, backend: str) -> N
         with pytest.raises(ConfigError, match=r"systemd-scope.*not available yet"):
             await sb.open_terminal()
         assert (await sb.exec(["true"])).status == "completed"
+
+
+async def test_wait_output_finds_a_pattern_past_the_first_mebibyte(
+    workspace: Path, tty_backend: str
+) -> None:
+    limits = Limits(grace_s=0.5, drain_s=0.5, max_output=8 << 20)
+    program = "import sys; sys.stdout.write('z' * 1572864 + '\\nNEEDLE\\n'); sys.stdout.flush()"
+    async with Sandbox(workspace, backend=tty_backend, limits=limits) as sb:
+        term = await sb.open_terminal(["python3", "-c", program])
+        seen = await term.wait_output(pattern=r"NEEDLE", timeout=30)
+        assert seen.reason == "pattern" and seen.output.text.count("z") == 1572864, seen.reason
+        await term.close()

@@ -96,8 +96,8 @@ def pane(workspace: Path, cli_backend: str) -> Iterator[Pane]:
     (workspace / "long.txt").write_text("".join(f"line {i}\n" for i in range(500)))
     script = (
         f"PS1='$ ' {SANDBOXRUN} shell -b {cli_backend} -e PS1='sbx$ ' -- bash --norc -i; "
-        "echo status=$?; echo modes=$(stty -a | tr ' ;' '\\n\\n' | grep -xE -- '-?(icanon|isig|echo)' "
-        "| tr '\\n' ,); sleep 600"
+        "echo status=$?; echo modes=$(stty -a | tr ' ;' '\\n\\n' "
+        "| grep -xE -- '-?(icanon|isig|echo)' | tr '\\n' ,); sleep 600"
     )
     opened = Pane(f"sh -c {_quote(script)}", workspace)
     try:

@@ -75,13 +75,32 @@ def test_an_unfinished_sequence_is_held_back_until_final() -> None:
         assert (text, used) == ("ok", 2), tail
         text, used = plain(b"ok" + tail, final=True)
         assert used == 2 + len(tail)
-        assert text in ("ok", "ok\ufffd"), (tail, text)
+        assert text in ("ok", "ok\ufffd", "ok52;c;abc"), (tail, text)  # (an opener only goes)
 
 
-def test_a_string_that_never_ends_is_dropped_not_shown() -> None:
+def test_a_string_that_never_ends_loses_its_opener_and_hides_nothing() -> None:
     data = b"before\x1b]52;c;" + b"A" * (MAX_STRING + 10)
     text, used = plain(data, final=False)
-    assert used == len(data) and text == "before"  # past the bound: given up, not held
+    assert used == len(data) and text == "before52;c;" + "A" * (MAX_STRING + 10)
+    assert plain(b"\x1b]\nline1\nline2")[0] == "\nline1\nline2"
+
+
+@pytest.mark.parametrize(
+    ("data", "shown"),
+    [
+        (b"A\xc2\x1b[0m\x9b31mRED", "A31mRED"),  # a removal joins \xc2 and \x9b: C1 CSI
+        (b"\xc2\x07\x9b2J", "2J"),
+        (b"A\xc2\x00\x9d0;title\xc2\x9c", "A0;title"),
+        (b"before\x1b]0;t\x1b[0m visible\x07 after", "before visible after"),  # ESC ends it
+        (b"a\x1b]0;x\x18b", "ab"),  # CAN ends it
+        ("x\u202egnp.exe\u2066y".encode(), "xgnp.exey"),  # bidirectional overrides
+    ],
+)
+def test_what_a_removal_joins_and_what_ends_a_string(data: bytes, shown: str) -> None:
+    assert plain(data)[0] == shown
+    for cut in range(len(data) + 1):  # in pieces a lone \xc2 is invalid: U+FFFD, no control
+        text = pieces(data, [cut])
+        assert text.replace("\ufffd", "") == shown, (cut, text)
 
 
 def test_carriage_return_and_backspace_do_what_a_terminal_does() -> None:
@@ -94,3 +113,28 @@ def test_carriage_return_and_backspace_do_what_a_terminal_does() -> None:
 
 def test_tab_and_newline_stay_and_invalid_utf8_is_replaced() -> None:
     assert plain(b"a\tb\n\xff\xfe")[0] == "a\tb\n\ufffd\ufffd"
+
+
+SCREEN = (
+    b"a\x1b[31mred\x1b[0m\x1b]0;title\x07"  # kept: SGR, a title
+    b"\x1b]52;c;SGVs\x07\x1b]52;c;eA==\x1b\\"  # dropped: clipboard writes
+    b"\x1bP+q544e\x1b\\\x1bPtmux;\x1b\x1b]52;c;eA==\x07\x1b\\"  # dropped: DCS, passthrough
+    b"\x1b]11;?\x07\x1b]1337;File=x\x07\x1b[21t\x1b[8;1;1t"  # dropped: queries, iTerm, window
+    b"\xc2\x1b]52;c;x\x07\x9d52;c;SGVs\x07"  # a removal that joins a C1 OSC 52
+    b"z\x1b[?1049h\x1b[2J\x1b[H"  # kept: alternate screen, clear, home
+)
+
+
+def test_the_interactive_filter_keeps_the_screen_and_drops_what_reaches_beyond() -> None:
+    from sandboxrun.engine.terminal_text import InteractiveFilter
+
+    whole = InteractiveFilter().feed(SCREEN, final=True)
+    assert whole.startswith(b"a\x1b[31mred\x1b[0m\x1b]0;title\x07")
+    assert whole.endswith(b"z\x1b[?1049h\x1b[2J\x1b[H")
+    for gone in (b"52;", b"544e", b"tmux", b"11;?", b"1337", b"21t", b"8;1;1t", b"\x9d"):
+        assert gone not in whole, gone
+    for cut in range(len(SCREEN) + 1):
+        split = InteractiveFilter()
+        out = split.feed(SCREEN[:cut]) + split.feed(SCREEN[cut:], final=True)
+        for gone in (b"52;", b"544e", b"1337", b"21t", b"\x9d"):
+            assert gone not in out, (cut, gone, out)

@@ -33,7 +33,7 @@ from sandboxrun.backends.docker.engine_exec import DockerRun, start_timeout
 from sandboxrun.backends.docker.session import ContainerSession
 from sandboxrun.backends.supervised import SupervisedRun, start_supervised
 from sandboxrun.engine import argv, results
-from sandboxrun.engine.launch import Launch, Stdio
+from sandboxrun.engine.launch import NO_TERMINAL, Launch, Stdio
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.engine.results import NotStarted, Verdict
@@ -399,6 +399,8 @@ class DockerBackend:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
         if self.supervisor is not None:  # as it is now (a recycle may have changed it)
             return await self._start_supervised(launch, stdio)
+        if launch.request.tty is not None:  # the engine path has no terminal of ours
+            raise NotStarted("sandbox_error", NO_TERMINAL)
         run = DockerRun(self.session, launch, stdio.stdout, stdio.stderr)
         self.session.active.add(launch.request.run_id)  # visible to a recycle from now on
         try:
