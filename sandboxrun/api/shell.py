@@ -4,9 +4,13 @@ next, and each command's end, exit code and output are known exactly.
 
 How a command's end is known: bash prints ``ESC ] 133 ; D ; <exit code> ; <key> BEL`` before
 each prompt (``PROMPT_COMMAND``), where the key is fresh for every command and lives in a shell
-variable that is never exported, so no program the command starts can know it; and a marker
-counts only while the terminal's foreground group is the shell's own (a program still in the
-foreground cannot be at a prompt). Each command is typed as one line, ``eval $'…'`` with every
+variable that is never exported, so no program the command starts finds it in its
+environment; and a marker counts only while the terminal's foreground group is the shell's own
+(a program still in the foreground cannot be at a prompt). The shell is in the sandbox's trust
+domain: code it evaluates itself (a sourced script, a trap), or a process of its uid that reads
+its memory or the terminal's input, can print a valid marker (docs/terminals.md).
+
+Each command is typed as one line, ``eval $'…'`` with every
 control byte escaped, so no command can leave the shell at a continuation prompt (an unmatched
 quote or backtick is a syntax error, exit code 2); a long command is typed in pieces into a
 variable first (a terminal line holds 4,095 bytes). Echo is off: the output is the command's.
