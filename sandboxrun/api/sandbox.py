@@ -478,7 +478,7 @@ class Sandbox:
         it ends, ``close()``, or the sandbox closes; ``TERM`` is ``term`` unless ``env`` says
         otherwise. ``timeout`` None: no wall-clock limit; ``idle_timeout``: its own only. A
         command that cannot start gives an ended terminal whose result says why. ``ConfigError``
-        with ``max_terminals`` open, or on a backend without a supervisor in the sandbox."""
+        with ``max_terminals`` open, or on docker's engine path (no supervisor in the image)."""
         if sum(not t.done for t in self._terminals) >= self.max_terminals:
             raise ConfigError(
                 f"this sandbox has {self.max_terminals} terminals open (max_terminals): "
@@ -504,10 +504,11 @@ class Sandbox:
         )
         backend = self.backend
         via = backend.plan(request).via
-        if via != "supervisor":
+        if via not in ("supervisor", "scope"):
             raise ConfigError(
                 f"terminals need the sandbox's supervisor, and the {backend.name} backend "
-                f"starts commands through {via} here: not available yet (docs/terminals.md)"
+                f"starts commands through the {via} path here (an image without python3, or a "
+                "remote engine): not available there yet (docs/terminals.md)"
             )
         self._refuse(self.missing_guarantees(request))
         if self._closed is not None:

@@ -20,6 +20,7 @@ import stat
 import struct
 import termios
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -181,3 +182,39 @@ class PtyControl:
             return False
         await signaller(sig, f"{target}-spare" if spare_leader else target)
         return True
+
+
+def host_signaller(control: PtyControl) -> Signaller:
+    """Signals for a terminal whose processes this host can signal itself (a scope's: the
+    same user, pids of this host from the terminal's own ioctls), without a supervisor."""
+
+    async def send(sig: int, target: str) -> None:
+        session = control.session()
+        if session is None:
+            return
+        with contextlib.suppress(OSError):
+            if target == "leader":
+                os.kill(session, sig)
+            elif target in ("foreground", "foreground-spare"):
+                group = control.foreground()
+                if group is not None and not (target == "foreground-spare" and group == session):
+                    os.killpg(group, sig)
+            elif target == "session":
+                for pid in session_members(session):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, sig)
+
+    return send
+
+
+def session_members(session: int) -> list[int]:
+    """The live processes of ``session`` on this host (one walk of /proc)."""
+    from sandboxrun.supervisor.procfs import stat_fields
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = stat_fields(int(entry.name))
+            if fields is not None and len(fields) > 3 and int(fields[3]) == session:
+                found.append(int(entry.name))
+    return found

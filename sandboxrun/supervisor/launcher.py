@@ -13,6 +13,11 @@ Before the exec it double-forks a *keeper*: a process that stays in the scope un
 closes ``HOLD_FD``, so that the scope's cgroup (and its OOM and CPU accounting) still exists when
 the command's last process has exited; systemd removes an emptied scope within milliseconds.
 
+With ``SANDBOXRUN_TTY=ROWS,COLS`` in its own environment (``launchwire.TTY_VAR``; never the
+command's) the command runs on a new terminal the launcher makes once it is in the sandbox's
+namespaces (``take_terminal``); the status fd is then a socket, and the terminal's master goes
+to the host on it with a ``terminal`` frame.
+
 argv: ``_launcher.py SPEC_FD STATUS_FD STDIN_FD STDOUT_FD STDERR_FD HOLD_FD [PLAN_FD]``. With
 ``PLAN_FD`` (a memfd: ``systemd_config.encode_plan``) the launcher joins the
 namespaces of the sandbox's holder (PID 1 of them: a pidfd of it is passed too, its number in
@@ -38,12 +43,12 @@ if TYPE_CHECKING:
 else:  # the C module: `signal` imports enum, functools, collections (~5 ms a run)
     import _signal as signal
 if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.launcher (the host's tests)
-    from .launchwire import decode_plan, decode_spec, frame, json_text
+    from .launchwire import TTY_VAR, decode_plan, decode_spec, frame, json_text
 else:  # run as a script: its wire module is next to it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from launchwire import decode_plan, decode_spec, frame, json_text
+    from launchwire import TTY_VAR, decode_plan, decode_spec, frame, json_text
 
-__all__ = ["decode_plan", "decode_spec", "frame", "json_text"]
+__all__ = ["TTY_VAR", "decode_plan", "decode_spec", "frame", "json_text"]
 
 
 MAX_NAME = 2000
@@ -169,6 +174,31 @@ def mirror(pid: int) -> None:
     os._exit(os.WEXITSTATUS(status))
 
 
+def take_terminal(status_fd: int, size: str) -> None:
+    """Make a terminal here (in the sandbox's devpts, once its namespaces are joined), make it
+    our controlling terminal and our 0/1/2, and send its master to the host with a
+    ``terminal`` frame on the status socket (no copy is kept)."""
+    import socket
+    import struct
+    import termios
+
+    rows, cols = (int(x) for x in size.split(","))
+    master, slave = os.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    if os.getsid(0) != os.getpid():
+        os.setsid()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    for target in (0, 1, 2):
+        os.dup2(slave, target)
+    os.close(slave)
+    sock = socket.socket(fileno=os.dup(status_fd))
+    try:
+        socket.send_fds(sock, [b'\0{"op": "terminal"}\n'], [master])
+    finally:
+        sock.close()
+        os.close(master)
+
+
 def main() -> None:
     passed = [int(x) for x in sys.argv[1:7]]
     plan: dict[str, object] = {}
@@ -200,6 +230,7 @@ def main() -> None:
             except (OSError, ValueError):
                 pass
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    tty = os.environ.get(TTY_VAR)
     if plan:
         try:
             if plan.get("ns_fd"):
@@ -208,12 +239,21 @@ def main() -> None:
                 if child:
                     os.close(status_fd)
                     mirror(child)
+            if tty:
+                take_terminal(status_fd, tty)
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             import confine as _confine  # type: ignore[import-not-found]
 
             _confine.apply(plan["confine"])
         except OSError as exc:  # never run the command unconfined
             error = f"cannot confine the command: {exc}"
+            frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
+            os._exit(126)
+    elif tty:
+        try:
+            take_terminal(status_fd, tty)
+        except OSError as exc:
+            error = f"cannot make the command's terminal: {exc}"
             frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
             os._exit(126)
     failed_on = cwd  # a missing working directory is named as such, never as the program

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+TTY_VAR = "SANDBOXRUN_TTY"
+"""``ROWS,COLS`` in the launcher's own environment (never the command's): the command runs on a
+new terminal made in the sandbox, whose master goes to the host on the status socket."""
+
+
 def json_text(text: str) -> str:
     """``text`` as a JSON string, escaped by hand (non-ASCII as \\u escapes)."""
     out = ['"']

@@ -22,8 +22,6 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 def sh_backend(backend: str) -> str:
-    if backend == "systemd-scope":
-        pytest.skip("systemd-scope has no terminals yet")
     return backend
 
 

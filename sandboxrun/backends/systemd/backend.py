@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from contextlib import ExitStack, suppress
 from pathlib import Path
+from typing import NoReturn
 
 import anyio
 import anyio.to_thread
@@ -29,6 +31,7 @@ from sandboxrun.backends.systemd import config as cfg
 from sandboxrun.backends.systemd.scope import ScopeRun, read_text
 from sandboxrun.engine import results
 from sandboxrun.engine.launch import Launch, Stdio
+from sandboxrun.engine.pty import PtyControl, check_master, host_signaller
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.engine.results import NotStarted, Verdict, spawn_exit_code
 from sandboxrun.engine.supervise import KILL_BUDGET_S, RunHandle, Supervision
@@ -41,6 +44,7 @@ from sandboxrun.models import (
     limit_guarantees,
 )
 from sandboxrun.supervisor import launchwire
+from sandboxrun.supervisor.launchwire import TTY_VAR
 from sandboxrun.supervisor.protocol import clip
 
 BASE_ISOLATION = ("cgroup", "own-session", "descendant-sweep")
@@ -67,6 +71,16 @@ def manager_env(mode: cfg.Mode) -> dict[str, str]:
         for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"):
             if os.environ.get(name):
                 env[name] = os.environ[name]
+    return env
+
+
+def launcher_env(mode: cfg.Mode, tty: PtyControl | None) -> dict[str, str]:
+    """systemd-run's environment, which its scope's launcher inherits: ``manager_env``, and
+    for a run on a terminal its size (``launcher.TTY_VAR``; never the command's own)."""
+    env = manager_env(mode)
+    if tty is not None:
+        rows, cols = tty.spawn_options().values()
+        env[TTY_VAR] = f"{rows},{cols}"
     return env
 
 
@@ -364,10 +378,22 @@ class SystemdScopeBackend:
         exec's the command; the run begins once the launcher said so on its status pipe."""
         assert self._tools is not None  # revive() opened it
         request = launch.request
-        pipes = stdio.pipes()
+        tty = request.tty
         unit = cfg.unit_name(request.run_id)
         with ExitStack() as always, ExitStack() as on_fail:
-            status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            if tty is None:
+                pipes = stdio.pipes()
+                child_stdio: tuple[int, ...] = pipes.child
+                status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            else:  # the launcher makes the terminal and sends its master on a status socket
+                pipes = None
+                null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                always.callback(os.close, null)
+                child_stdio = (null, null, null)
+                ends = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                status_r, status_w = (end.detach() for end in ends)
+                os.set_inheritable(status_r, False)
+                os.set_inheritable(status_w, False)
             on_fail.callback(os.close, status_r)
             always.callback(os.close, status_w)
             os.set_blocking(status_r, False)
@@ -379,7 +405,7 @@ class SystemdScopeBackend:
             plan_fds = self.plan_fds()
             for fd in plan_fds:
                 always.callback(os.close, fd)
-            child_fds = (spec_fd, status_w, *pipes.child, hold_r, *plan_fds)
+            child_fds = (spec_fd, status_w, *child_stdio, hold_r, *plan_fds)
             inner = [sys.executable, "-I", "-S", "-B", LAUNCHER, *map(str, child_fds)]
             argv = self._systemd_run_argv(request, inner)
             self._watch("+", unit)
@@ -390,13 +416,14 @@ class SystemdScopeBackend:
                     stdin=subprocess.DEVNULL,
                     stdout=status_w,
                     stderr=status_w,
-                    pass_fds=child_fds,
+                    pass_fds=tuple(dict.fromkeys(child_fds)),
                     start_new_session=True,
-                    env=manager_env(self.mode),
+                    env=launcher_env(self.mode, tty),
                 )
             except OSError as exc:
                 raise NotStarted("sandbox_error", str(exc)) from None
-            stdio.sent()
+            if pipes is not None:
+                stdio.sent()
             on_fail.pop_all()  # the run owns the status and hold ends, and the unit, now
         run = ScopeRun(
             proc,
@@ -404,16 +431,41 @@ class SystemdScopeBackend:
             self.mode,
             self._tools[1],
             manager_env(self.mode),
-            pipes.pump,
+            None if pipes is None else pipes.pump,
             status_r,
             hold_w,
         )
+        received: list[int] | None = None if tty is None else []
         try:
-            run.lost = await self._launch(run, launch)
+            run.lost = await self._launch(run, launch, received)
+            if tty is not None and received is not None:
+                master = self._master(received)
+                if master is None:
+                    await self._unusable(run)
+                run.use_pump(stdio.terminal(master))
+                tty.attach(master, host_signaller(tty))
+                received.clear()
         except BaseException:
+            for fd in received or ():
+                with suppress(OSError):
+                    os.close(fd)
             self._release(run)
             raise
         return run
+
+    @staticmethod
+    def _master(received: list[int]) -> int | None:
+        """The one pty master the launcher sent (None: anything else came, or nothing)."""
+        if len(received) != 1 or check_master(received[0]) is not None:
+            return None
+        return received[0]
+
+    async def _unusable(self, run: ScopeRun) -> NoReturn:
+        """The run started, but no terminal came with it: it is ended, and not started."""
+        survivors = (await run.terminate(0.0)).survivors
+        await run.wait_exit()
+        why = "the scope's launcher sent no terminal master for the run"
+        raise NotStarted("sandbox_error", why, survivors=survivors)
 
     async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
         """The scope's own accounting (its cgroup counts orphans too), an OOM kill in it, and
@@ -435,12 +487,14 @@ class SystemdScopeBackend:
             self._watch("-", run.unit)  # else the watchdog stops it
         run.close()
 
-    async def _launch(self, run: ScopeRun, launch: Launch) -> list[str]:
+    async def _launch(
+        self, run: ScopeRun, launch: Launch, received: list[int] | None = None
+    ) -> list[str]:
         """Wait until the launcher exec'd the command inside the scope; return the limits its
         cgroup does not show (``_check_limits``). ``NotStarted`` for a run that ended before
         it began (or, under ``strict``, whose scope lost a limit it claimed)."""
         request = launch.request
-        report = await run.read_status(SPAWN_TIMEOUT_S)
+        report = await run.read_status(SPAWN_TIMEOUT_S, received)
         if report is not None:
             run.set_keeper(report.keeper)
             if report.cgroup is not None:  # the launcher ran in the scope

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from contextlib import suppress
@@ -22,9 +23,11 @@ import anyio
 
 from sandboxrun.backends.systemd.config import CgroupPaths, Mode, cpu_usage_s, kill_argv
 from sandboxrun.engine.capture.pipes import FdPump
+from sandboxrun.engine.capture.pty_pump import PtyPump
 from sandboxrun.engine.supervise import KILL_BUDGET_S, Termination
 from sandboxrun.supervisor import procfs as proctree
 from sandboxrun.supervisor.launchwire import StatusReport, parse_status
+from sandboxrun.supervisor.protocol import recv_fds
 
 POLL_S = 0.02
 UNSEEN = -1
@@ -77,7 +80,7 @@ class ScopeRun:
         mode: Mode,
         systemctl: str,
         manager_env: dict[str, str],
-        pump: FdPump,
+        pump: FdPump | PtyPump | None,
         status_fd: int,
         hold_fd: int,
     ) -> None:
@@ -105,14 +108,20 @@ class ScopeRun:
         self.lost: list[str] = []
         """The limits this scope turned out not to apply (``SystemdScopeBackend._launch``)."""
 
-    async def read_status(self, timeout_s: float) -> StatusReport | None:
+    async def read_status(
+        self, timeout_s: float, fds: list[int] | None = None
+    ) -> StatusReport | None:
         """Read the status pipe to EOF (the launcher exec'd, failed, or systemd-run gave up);
-        None when it did not end within ``timeout_s``."""
+        None when it did not end within ``timeout_s``. ``fds``: the status is a socket (a run
+        on a terminal), and the descriptors that came on it are added there (close-on-exec)."""
         data = bytearray()
         with anyio.move_on_after(timeout_s):
             while True:
                 try:
-                    chunk = os.read(self._status_fd, 65536)
+                    if fds is None:  # noqa: SIM108 - two ways to read, one each
+                        chunk = os.read(self._status_fd, 65536)
+                    else:
+                        chunk = self._receive(fds)
                 except BlockingIOError:
                     await anyio.wait_readable(self._status_fd)
                     continue
@@ -120,6 +129,12 @@ class ScopeRun:
                     return parse_status(bytes(data))
                 data += chunk
         return None
+
+    def _receive(self, fds: list[int]) -> bytes:
+        with socket.socket(fileno=os.dup(self._status_fd)) as sock:
+            data, got, _ = recv_fds(sock, 65536, 4)
+        fds.extend(got)
+        return data
 
     async def wait_exit(self) -> int | None:
         if self.wait_status is None:
@@ -296,11 +311,17 @@ class ScopeRun:
         rss = self.maxrss_kb * 1024 if self.maxrss_kb else None
         return cpu, rss
 
+    def use_pump(self, pump: FdPump | PtyPump) -> None:
+        """The run's streams, once known (a terminal's: after the launcher sent its master)."""
+        self._pump = pump
+
     async def pump(self) -> None:
-        await self._pump.pump()
+        if self._pump is not None:
+            await self._pump.pump()
 
     def close(self) -> None:
-        self._pump.close_stdin()
+        if self._pump is not None:
+            self._pump.close_stdin()
         for fd in (self._pidfd, self._status_fd, self._hold_fd, self._keeper_fd):
             if fd is None:
                 continue
