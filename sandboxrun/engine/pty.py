@@ -186,35 +186,56 @@ class PtyControl:
 
 def host_signaller(control: PtyControl) -> Signaller:
     """Signals for a terminal whose processes this host can signal itself (a scope's: the
-    same user, pids of this host from the terminal's own ioctls), without a supervisor."""
+    same user, pids of this host), without a supervisor. Only processes of the terminal's own
+    session are signalled, each through a pidfd after its ``stat`` was read: a group number the
+    terminal still names after its group is gone, or a pid reused meanwhile, reaches nobody
+    outside the sandbox."""
 
     async def send(sig: int, target: str) -> None:
         session = control.session()
         if session is None:
             return
-        with contextlib.suppress(OSError):
-            if target == "leader":
-                os.kill(session, sig)
-            elif target in ("foreground", "foreground-spare"):
-                group = control.foreground()
-                if group is not None and not (target == "foreground-spare" and group == session):
-                    os.killpg(group, sig)
-            elif target == "session":
-                for pid in session_members(session):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, sig)
+        group = control.foreground()
+        for pid, pgrp in session_members(session):
+            if target == "leader" and pid != session:
+                continue
+            if target in ("foreground", "foreground-spare"):
+                if group is None or pgrp != group:
+                    continue
+                if target == "foreground-spare" and group == session:
+                    return
+            _signal_checked(pid, session, sig)
 
     return send
 
 
-def session_members(session: int) -> list[int]:
-    """The live processes of ``session`` on this host (one walk of /proc)."""
+def _signal_checked(pid: int, session: int, sig: int) -> None:
+    """``sig`` to ``pid`` through a pidfd, if it is still a process of ``session``."""
+    from sandboxrun.supervisor.procfs import stat_fields
+
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        fields = stat_fields(pid)  # read after the pidfd: the pid is that process's now
+        if fields is not None and len(fields) > 3 and int(fields[3]) == session:
+            signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def session_members(session: int) -> list[tuple[int, int]]:
+    """``(pid, process group)`` of the live processes of ``session`` on this host."""
     from sandboxrun.supervisor.procfs import stat_fields
 
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             fields = stat_fields(int(entry.name))
-            if fields is not None and len(fields) > 3 and int(fields[3]) == session:
-                found.append(int(entry.name))
+            ours = fields is not None and len(fields) > 3 and int(fields[3]) == session
+            if ours and fields is not None and fields[0] not in (b"Z", b"X"):
+                found.append((int(entry.name), int(fields[2])))
     return found

@@ -199,6 +199,20 @@ def take_terminal(status_fd: int, size: str) -> None:
         os.close(master)
 
 
+def terminal_for_command(status_fd: int, size: str) -> None:
+    """``take_terminal``, or a spawn error and exit 126 (the command never runs without it).
+    Without namespaces the launcher is already a session leader (systemd-run ``--scope``
+    execs in place, started in a new session), with no controlling terminal yet."""
+    try:
+        take_terminal(status_fd, size)
+    except Exception as exc:
+        error = f"cannot make the command's terminal: {exc}"
+        frame(
+            status_fd, {"op": "spawn_error", "errno": getattr(exc, "errno", 0) or 0, "error": error}
+        )
+        os._exit(126)
+
+
 def main() -> None:
     passed = [int(x) for x in sys.argv[1:7]]
     plan: dict[str, object] = {}
@@ -240,7 +254,7 @@ def main() -> None:
                     os.close(status_fd)
                     mirror(child)
             if tty:
-                take_terminal(status_fd, tty)
+                terminal_for_command(status_fd, tty)
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             import confine as _confine  # type: ignore[import-not-found]
 
@@ -250,12 +264,7 @@ def main() -> None:
             frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
             os._exit(126)
     elif tty:
-        try:
-            take_terminal(status_fd, tty)
-        except OSError as exc:
-            error = f"cannot make the command's terminal: {exc}"
-            frame(status_fd, {"op": "spawn_error", "errno": exc.errno or 0, "error": error})
-            os._exit(126)
+        terminal_for_command(status_fd, tty)
     failed_on = cwd  # a missing working directory is named as such, never as the program
     try:
         os.chdir(cwd)

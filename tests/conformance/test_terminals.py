@@ -474,3 +474,15 @@ async def test_a_terminal_on_a_scope_is_made_inside_the_sandbox(
     assert result.exit_code == 0 and result.tty, result
     lines = result.stdout.split()
     assert lines[0].startswith("/dev/pts/") and lines[1:3] == ["21", "77"], lines
+
+
+async def test_wait_output_finds_a_pattern_past_the_first_mebibyte(
+    workspace: Path, tty_backend: str
+) -> None:
+    limits = Limits(grace_s=0.5, drain_s=0.5, max_output=8 << 20)
+    program = "import sys; sys.stdout.write('z' * 1572864 + '\\nNEEDLE\\n'); sys.stdout.flush()"
+    async with Sandbox(workspace, backend=tty_backend, limits=limits) as sb:
+        term = await sb.open_terminal(["python3", "-c", program])
+        seen = await term.wait_output(pattern=r"NEEDLE", timeout=30)
+        assert seen.reason == "pattern" and seen.output.text.count("z") == 1572864, seen.reason
+        await term.close()

@@ -442,9 +442,9 @@ class SystemdScopeBackend:
                 master = self._master(received)
                 if master is None:
                     await self._unusable(run)
+                received.clear()  # the run's streams own it from here
                 run.use_pump(stdio.terminal(master))
                 tty.attach(master, host_signaller(tty))
-                received.clear()
         except BaseException:
             for fd in received or ():
                 with suppress(OSError):

@@ -10,6 +10,7 @@ process there can be is our own child (systemd-run or the launcher), which is si
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -132,8 +133,11 @@ class ScopeRun:
 
     def _receive(self, fds: list[int]) -> bytes:
         with socket.socket(fileno=os.dup(self._status_fd)) as sock:
-            data, got, _ = recv_fds(sock, 65536, 4)
+            sock.setblocking(False)  # (never a default timeout: BlockingIOError when empty)
+            data, got, flags = recv_fds(sock, 65536, 4)
         fds.extend(got)
+        if flags & socket.MSG_CTRUNC:
+            raise OSError(errno.EMFILE, "too many open files in this process for the terminal")
         return data
 
     async def wait_exit(self) -> int | None:
