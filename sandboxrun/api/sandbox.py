@@ -440,19 +440,10 @@ class Sandbox:
             path_prepend=path_prepend,
             idle_timeout=idle_timeout,
         )
-        request = dataclasses.replace(
-            request,
-            stdin=None if isinstance(stdin, bool) else bytes(stdin),
-            timeout_s=math.inf if timeout is None else request.timeout_s,
-            limits=replaced(request.limits, idle_timeout_s=idle_timeout),
-        )
-        backend = self.backend
-        self._refuse(self.missing_guarantees(request))
-        if self._closed is not None:
-            raise RuntimeError("the Sandbox is closing: no new job can start")
         stream = StdinStream() if stdin is True else None
-        if stream is not None:
-            request = dataclasses.replace(request, stdin=stream)
+        fed = stream if stream is not None else None if isinstance(stdin, bool) else bytes(stdin)
+        request = self._background(request, timeout, idle_timeout, stdin=fed)
+        backend = self.backend
         job = Job(request, backend=backend.name, stdin=stream, sink=sink, on_end=self._job_ended)
         self._jobs.append(job)
         job.launch(self.run_request)
@@ -495,12 +486,8 @@ class Sandbox:
             path_prepend=path_prepend,
             idle_timeout=idle_timeout,
         )
-        request = dataclasses.replace(
-            request,
-            stdin=StdinStream(),
-            tty=control,
-            timeout_s=math.inf if timeout is None else request.timeout_s,
-            limits=replaced(request.limits, idle_timeout_s=idle_timeout),
+        request = self._background(
+            dataclasses.replace(request, tty=control), timeout, idle_timeout, stdin=StdinStream()
         )
         backend = self.backend
         via = backend.plan(request).via
@@ -510,9 +497,6 @@ class Sandbox:
                 f"starts commands through the {via} path here (an image without python3, or a "
                 "remote engine): not available there yet (docs/terminals.md)"
             )
-        self._refuse(self.missing_guarantees(request))
-        if self._closed is not None:
-            raise RuntimeError("the Sandbox is closing: no new terminal can open")
         terminal = Terminal(request, backend=backend.name, on_end=self._terminal_ended)
         self._terminals.append(terminal)
         terminal.job.launch(self.run_request)
@@ -585,6 +569,28 @@ class Sandbox:
         for old in ended[: max(0, len(ended) - max(0, self.max_ended_jobs))]:
             self._terminals.remove(old)
             old.release()
+
+    def _background(
+        self,
+        request: ExecRequest,
+        timeout: float | None,
+        idle_timeout: float | None,
+        *,
+        stdin: bytes | StdinStream | None,
+    ) -> ExecRequest:
+        """``request`` as a run the sandbox owns in the background (a job, a terminal): no
+        wall-clock limit unless ``timeout``, only its own ``idle_timeout``, ``stdin``; refused
+        as ``exec`` would be, or while the sandbox closes."""
+        request = dataclasses.replace(
+            request,
+            stdin=stdin,
+            timeout_s=math.inf if timeout is None else request.timeout_s,
+            limits=replaced(request.limits, idle_timeout_s=idle_timeout),
+        )
+        self._refuse(self.missing_guarantees(request))
+        if self._closed is not None:
+            raise RuntimeError("the Sandbox is closing: nothing new can start in it")
+        return request
 
     def jobs(self) -> list[Job]:
         """The jobs started in this sandbox, oldest first: every running one and the newest

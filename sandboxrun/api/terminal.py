@@ -23,12 +23,11 @@ from typing import Literal
 import anyio
 
 from sandboxrun.api.jobs import Job, JobChunk, JobLines
-from sandboxrun.engine.pty import PtyControl
+from sandboxrun.engine.pty import PtyControl, live_processes
 from sandboxrun.engine.request import ExecRequest, StdinStream
 from sandboxrun.engine.terminal_text import plain
 from sandboxrun.errors import SandboxrunError
 from sandboxrun.models import BackendName, ExecResult
-from sandboxrun.supervisor.procfs import stat_fields
 
 __all__ = ["Foreground", "OutputWait", "Terminal", "TerminalText"]
 
@@ -83,15 +82,7 @@ class OutputWait:
 
 def group_members(pgid: int) -> list[int]:
     """The live processes of process group ``pgid`` on this host (one walk of /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = stat_fields(int(entry.name))
-        alive = fields is not None and len(fields) > 2 and fields[0] not in (b"Z", b"X")
-        if alive and fields is not None and int(fields[2]) == pgid:
-            found.append(int(entry.name))
-    return sorted(found)
+    return [pid for pid, _ in live_processes(group=pgid)]
 
 
 def _comm(pid: int) -> str | None:

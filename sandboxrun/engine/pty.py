@@ -229,13 +229,24 @@ def _signal_checked(pid: int, session: int, sig: int) -> None:
 
 def session_members(session: int) -> list[tuple[int, int]]:
     """``(pid, process group)`` of the live processes of ``session`` on this host."""
+    return live_processes(session=session)
+
+
+def live_processes(
+    *, session: int | None = None, group: int | None = None
+) -> list[tuple[int, int]]:
+    """``(pid, process group)`` of this host's live processes (one walk of /proc, zombies
+    left out) in ``session`` and, or, ``group``."""
     from sandboxrun.supervisor.procfs import stat_fields
 
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = stat_fields(int(entry.name))
-            ours = fields is not None and len(fields) > 3 and int(fields[3]) == session
-            if ours and fields is not None and fields[0] not in (b"Z", b"X"):
-                found.append((int(entry.name), int(fields[2])))
-    return found
+        if not entry.name.isdigit():
+            continue
+        fields = stat_fields(int(entry.name))
+        if fields is None or len(fields) < 4 or fields[0] in (b"Z", b"X"):
+            continue
+        pgrp, sid = int(fields[2]), int(fields[3])
+        if (session is None or sid == session) and (group is None or pgrp == group):
+            found.append((int(entry.name), pgrp))
+    return sorted(found)

@@ -486,3 +486,21 @@ async def test_wait_output_finds_a_pattern_past_the_first_mebibyte(
         seen = await term.wait_output(pattern=r"NEEDLE", timeout=30)
         assert seen.reason == "pattern" and seen.output.text.count("z") == 1572864, seen.reason
         await term.close()
+
+
+@pytest.mark.parametrize("kind", ["wall", "idle"])
+async def test_a_terminals_timeout_ends_everything_it_started(
+    workspace: Path, tty_backend: str, kind: str
+) -> None:
+    """A terminal's own ``timeout`` (or ``idle_timeout``) ends it like an exec's: a TERM- and
+    HUP-ignoring tree with a ``setsid`` child is gone, its output so far kept."""
+    tok = token()
+    script = f"trap '' TERM HUP; echo started; (trap '' TERM HUP; setsid sleep {tok}) & sleep {tok}"
+    limit = {"timeout": 1.5} if kind == "wall" else {"idle_timeout": 1.0}
+    async with Sandbox(workspace, backend=tty_backend, limits=FAST) as sb:
+        term = await sb.open_terminal(["sh", "-c", script], **limit)  # type: ignore[arg-type]
+        with anyio.fail_after(20):
+            result = await term.wait()
+        assert result.status == "timed_out" and result.timeout_kind == kind, result
+        assert "started" in result.stdout and result.survivors == 0
+        await assert_gone(sb, tok)

@@ -190,7 +190,6 @@ def test_a_control_without_a_master_answers_nothing_and_raises_nothing() -> None
 def test_a_run_on_a_terminal_never_silently_gets_pipes(tmp_path: object) -> None:
     """A backend that would run the command on pipes (the engine path, a scope) refuses it."""
     import dataclasses
-    from pathlib import Path
 
     from sandboxrun.api.sandbox import Sandbox
     from sandboxrun.engine.launch import Stdio
@@ -198,7 +197,9 @@ def test_a_run_on_a_terminal_never_silently_gets_pipes(tmp_path: object) -> None
 
     request = Sandbox(str(tmp_path), backend="process-group").prepare(["true"])
     request = dataclasses.replace(request, tty=PtyControl())
+    before = open_fds()
     with Stdio(request) as stdio, pytest.raises(NotStarted) as caught:
         stdio.pipes()
     assert caught.value.status == "sandbox_error" and "terminal" in str(caught.value)
-    assert Path(tmp_path).exists()  # type: ignore[arg-type]
+    assert open_fds() <= before  # refused before any pipe was made
+    assert request.tty is not None and request.tty.ended  # its control told: no terminal

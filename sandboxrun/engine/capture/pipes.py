@@ -65,26 +65,8 @@ class FdPump:
                 await self._read(streams[0])
 
     async def _read(self, stream: tuple[int, StreamCapture]) -> None:
-        """Read first, wait only when the pipe is empty (a wait per chunk halves throughput);
-        yield to the event loop every few chunks so a flood cannot starve other tasks; while
-        the live sink is congested, stop reading (the command then blocks on its write)."""
-        fd, capture = stream
-        reads = 0
-        while True:
-            try:
-                data = os.read(fd, CHUNK)
-            except BlockingIOError:
-                await anyio.wait_readable(fd)
-                continue
-            if not data:
-                self._open.remove(stream)
-                return
-            capture.feed(data)
-            if capture.flow_controlled:  # backpressure: a slow live reader holds it back
-                await capture.wait_sink()
-            reads += 1
-            if reads % YIELD_EVERY == 0:
-                await anyio.lowlevel.checkpoint()
+        await read_to_end(*stream)
+        self._open.remove(stream)
 
     async def _write_stdin(self) -> None:
         """Write or forward stdin; however it stops (done, the pipe gone, cancelled), the fd is
@@ -100,6 +82,28 @@ class FdPump:
             pass
         finally:
             self.close_stdin()
+
+
+async def read_to_end(fd: int, capture: StreamCapture) -> None:
+    """Read the non-blocking ``fd`` into ``capture`` until EOF (a pipe's, a terminal's master).
+    Read first, wait only when it is empty (a wait per chunk halves throughput); yield to the
+    event loop every few chunks so a flood cannot starve other tasks; while the live sink is
+    congested, stop reading (the command then blocks on its write). A read error is raised."""
+    reads = 0
+    while True:
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        if not data:
+            return
+        capture.feed(data)
+        if capture.flow_controlled:  # backpressure: a slow live reader holds it back
+            await capture.wait_sink()
+        reads += 1
+        if reads % YIELD_EVERY == 0:
+            await anyio.lowlevel.checkpoint()
 
 
 async def _forward(fd: int, stream: StdinStream) -> None:

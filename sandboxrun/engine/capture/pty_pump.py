@@ -8,9 +8,8 @@ import os
 from contextlib import suppress
 
 import anyio
-import anyio.lowlevel
 
-from sandboxrun.engine.capture.pipes import CHUNK, YIELD_EVERY
+from sandboxrun.engine.capture.pipes import read_to_end
 from sandboxrun.engine.capture.stream import StreamCapture
 from sandboxrun.engine.request import STDIN_GONE, StdinStream
 
@@ -48,25 +47,9 @@ class PtyPump:
         self.close_stdin()
 
     async def _read(self) -> None:
-        fd, capture = self.fd, self._capture
-        reads = 0
-        while True:
-            try:
-                data = os.read(fd, CHUNK)
-            except BlockingIOError:
-                await anyio.wait_readable(fd)
-                continue
-            except OSError:  # EIO: no process holds the slave any more (the terminal's end)
-                data = b""
-            if not data:
-                self._eof = True
-                return
-            capture.feed(data)
-            if capture.flow_controlled:
-                await capture.wait_sink()
-            reads += 1
-            if reads % YIELD_EVERY == 0:
-                await anyio.lowlevel.checkpoint()
+        with suppress(OSError):  # EIO: no process holds the slave any more (the terminal's end)
+            await read_to_end(self.fd, self._capture)
+        self._eof = True
 
     async def _write_stdin(self) -> None:
         stream = self._stdin
