@@ -35,6 +35,19 @@ def backend(request: pytest.FixtureRequest) -> str:
     return require_backend(str(request.param))
 
 
+@pytest.fixture(params=["default", "engine"])
+def tty_backend(
+    request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Terminals on every backend; docker both ways: through its supervisor, and through the
+    engine's own terminal exec (its path for an image without python3)."""
+    if request.param == "engine":
+        if backend != "docker":
+            pytest.skip("the engine's exec path is docker's")
+        monkeypatch.setenv("SANDBOXRUN_DOCKER_SUPERVISOR", "0")
+    return backend
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_containers() -> Iterator[None]:
     """The test session must leave no container labelled sandboxrun.managed behind: any made

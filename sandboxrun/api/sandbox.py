@@ -469,7 +469,7 @@ class Sandbox:
         it ends, ``close()``, or the sandbox closes; ``TERM`` is ``term`` unless ``env`` says
         otherwise. ``timeout`` None: no wall-clock limit; ``idle_timeout``: its own only. A
         command that cannot start gives an ended terminal whose result says why. ``ConfigError``
-        with ``max_terminals`` open, or on docker's engine path (no supervisor in the image)."""
+        with ``max_terminals`` open, or where the backend cannot make one (docs/terminals.md)."""
         if sum(not t.done for t in self._terminals) >= self.max_terminals:
             raise ConfigError(
                 f"this sandbox has {self.max_terminals} terminals open (max_terminals): "
@@ -490,13 +490,6 @@ class Sandbox:
             dataclasses.replace(request, tty=control), timeout, idle_timeout, stdin=StdinStream()
         )
         backend = self.backend
-        via = backend.plan(request).via
-        if via not in ("supervisor", "scope"):
-            raise ConfigError(
-                f"terminals need the sandbox's supervisor, and the {backend.name} backend "
-                f"starts commands through the {via} path here (an image without python3, or a "
-                "remote engine): not available there yet (docs/terminals.md)"
-            )
         terminal = Terminal(request, backend=backend.name, on_end=self._terminal_ended)
         self._terminals.append(terminal)
         terminal.job.launch(self.run_request)
@@ -580,16 +573,22 @@ class Sandbox:
     ) -> ExecRequest:
         """``request`` as a run the sandbox owns in the background (a job, a terminal): no
         wall-clock limit unless ``timeout``, only its own ``idle_timeout``, ``stdin``; refused
-        as ``exec`` would be, or while the sandbox closes."""
+        as ``exec`` would be (the backend's plan too: a terminal it cannot make), or while
+        the sandbox closes (a ``StdinStream`` is then aborted)."""
         request = dataclasses.replace(
             request,
             stdin=stdin,
             timeout_s=math.inf if timeout is None else request.timeout_s,
             limits=replaced(request.limits, idle_timeout_s=idle_timeout),
         )
-        self._refuse(self.missing_guarantees(request))
-        if self._closed is not None:
-            raise RuntimeError("the Sandbox is closing: nothing new can start in it")
+        try:
+            self._refuse(self.missing_guarantees(request))
+            if self._closed is not None:
+                raise RuntimeError("the Sandbox is closing: nothing new can start in it")
+        except BaseException:
+            if isinstance(stdin, StdinStream):
+                stdin.abort()  # (nothing will ever read it)
+            raise
         return request
 
     def jobs(self) -> list[Job]:

@@ -21,7 +21,7 @@ import struct
 import termios
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -81,18 +81,71 @@ def _get_int(fd: int, request: int) -> int | None:
     return value if value > 0 else None
 
 
+class TtyLink(Protocol):
+    """How the host reaches a run's terminal: through its master (``MasterLink``), or, on
+    docker's engine path, where the engine holds the master, through its slave and /proc
+    (``engine.pty_slave.SlaveLink``). Every method is synchronous and never blocks."""
+
+    def set_size(self, rows: int, cols: int) -> None: ...
+
+    def modes(self) -> list[Any] | None: ...
+
+    def set_modes(self, modes: list[Any]) -> None: ...
+
+    def foreground(self) -> int | None: ...
+
+    def session(self) -> int | None: ...
+
+    def terminal_signal(self, sig: int) -> bool: ...
+
+
+class MasterLink:
+    """A terminal through its master ``fd`` (owned by the caller): ioctls only."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def set_size(self, rows: int, cols: int) -> None:
+        with contextlib.suppress(OSError):  # (the terminal is being hung up)
+            fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def modes(self) -> list[Any] | None:
+        try:  # a master's ioctls reach its slave's modes
+            return termios.tcgetattr(self.fd)
+        except termios.error:
+            return None
+
+    def set_modes(self, modes: list[Any]) -> None:
+        with contextlib.suppress(termios.error):
+            termios.tcsetattr(self.fd, termios.TCSANOW, modes)
+
+    def foreground(self) -> int | None:
+        return _get_int(self.fd, termios.TIOCGPGRP)
+
+    def session(self) -> int | None:
+        return _get_int(self.fd, TIOCGSID)
+
+    def terminal_signal(self, sig: int) -> bool:
+        try:
+            fcntl.ioctl(self.fd, TIOCSIG, sig)
+        except OSError:
+            return False
+        return True
+
+
 class PtyControl:
     """A run's terminal as its owner drives it: the size it asked for, and, while the command
-    runs, the master (``attach``). Every method is synchronous but ``signal``; none blocks."""
+    runs, the way to reach it (``attach``). Every method is synchronous but ``signal``; none
+    blocks."""
 
     def __init__(self, rows: int = 24, cols: int = 80, term: str = "xterm-256color") -> None:
         self.rows, self.cols = check_size(rows, cols)
         self.term = term
-        self.fd: int | None = None
+        self.link: TtyLink | None = None
         self.ended = False
-        """The master was detached: the terminal is gone."""
+        """The terminal was detached: it is gone."""
         self.ready = anyio.Event()
-        """Set once the master is attached, or the run ended without one."""
+        """Set once the terminal is attached, or the run ended without one."""
         self.leader: int | None = None
         """The session leader (the command) as a pid of this host, once attached."""
         self._signaller: Signaller | None = None
@@ -103,60 +156,48 @@ class PtyControl:
         self._sent_size = (self.rows, self.cols)
         return {"rows": self.rows, "cols": self.cols}
 
-    def attach(self, fd: int, signaller: Signaller) -> None:
-        """The command runs on the terminal whose master is ``fd`` (the caller owns the fd)."""
-        self.fd, self._signaller = fd, signaller
-        self.leader = _get_int(fd, TIOCGSID)
+    def attach(self, master: int | TtyLink, signaller: Signaller) -> None:
+        """The command runs on the terminal whose master is ``master`` (the caller owns the
+        fd), or that ``master`` (a ``TtyLink``) reaches."""
+        link = MasterLink(master) if isinstance(master, int) else master
+        self.link, self._signaller = link, signaller
+        self.leader = link.session()
         if (self.rows, self.cols) != self._sent_size:  # resized while it was being spawned
-            self._apply_size()
+            link.set_size(self.rows, self.cols)
         self.ready.set()
 
     def detach(self) -> None:
         """The run is over (its master is being closed): nothing more reaches it."""
-        self.fd, self._signaller, self.ended, self.leader = None, None, True, None
+        self.link, self._signaller, self.ended, self.leader = None, None, True, None
         self.ready.set()
 
     def resize(self, rows: int, cols: int) -> None:
         self.rows, self.cols = check_size(rows, cols)
-        if self.fd is not None:
-            self._apply_size()
-
-    def _apply_size(self) -> None:
-        assert self.fd is not None
-        with contextlib.suppress(OSError):  # (the terminal is being hung up)
-            fcntl.ioctl(
-                self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", self.rows, self.cols, 0, 0)
-            )
+        if self.link is not None:
+            self.link.set_size(self.rows, self.cols)
 
     def modes(self) -> list[Any] | None:
-        """The terminal's modes (``termios.tcgetattr``: a master's ioctls reach its slave's),
-        or None once it is gone."""
-        if self.fd is None:
-            return None
-        try:
-            return termios.tcgetattr(self.fd)
-        except termios.error:
-            return None
+        """The terminal's modes (``termios.tcgetattr``), or None once it is gone."""
+        return None if self.link is None else self.link.modes()
 
     def set_modes(self, modes: list[Any]) -> None:
         """Put the terminal's modes back to ``modes`` (what a command changed: echo, ^C)."""
-        if self.fd is not None:
-            with contextlib.suppress(termios.error):
-                termios.tcsetattr(self.fd, termios.TCSANOW, modes)
+        if self.link is not None:
+            self.link.set_modes(modes)
 
     def at_prompt(self) -> bool:
-        """The session leader's own group holds the foreground (two ioctls, no /proc walk)."""
+        """The session leader's own group holds the foreground (no /proc walk)."""
         group = self.foreground()
         return group is not None and group == self.session()
 
     def foreground(self) -> int | None:
         """The terminal's foreground process group, as a pid of this host; None when it has
         none (the session is gone) or the run is over."""
-        return None if self.fd is None else _get_int(self.fd, termios.TIOCGPGRP)
+        return None if self.link is None else self.link.foreground()
 
     def session(self) -> int | None:
         """The session the terminal controls (its leader's pid on this host), or None."""
-        return None if self.fd is None else _get_int(self.fd, TIOCGSID)
+        return None if self.link is None else self.link.session()
 
     def terminal_signal(self, sig: int) -> bool:
         """INT, QUIT or TSTP to the foreground group as the line discipline would send it for
@@ -165,13 +206,7 @@ class PtyControl:
             raise ValueError(
                 f"TIOCSIG sends only INT, QUIT and TSTP, not {signal.Signals(sig).name}"
             )
-        if self.fd is None:
-            return False
-        try:
-            fcntl.ioctl(self.fd, TIOCSIG, sig)
-        except OSError:
-            return False
-        return True
+        return False if self.link is None else self.link.terminal_signal(sig)
 
     async def signal(self, sig: int, target: str, *, spare_leader: bool = False) -> bool:
         """``sig`` to ``target`` (``foreground``, ``leader``, ``session``) through the
@@ -186,27 +221,31 @@ class PtyControl:
 
 def host_signaller(control: PtyControl) -> Signaller:
     """Signals for a terminal whose processes this host can signal itself (a scope's: the
-    same user, pids of this host), without a supervisor. Only processes of the terminal's own
-    session are signalled, each through a pidfd after its ``stat`` was read: a group number the
-    terminal still names after its group is gone, or a pid reused meanwhile, reaches nobody
-    outside the sandbox."""
+    same user; docker's engine path: root), without a supervisor (``signal_session``)."""
 
     async def send(sig: int, target: str) -> None:
         session = control.session()
-        if session is None:
-            return
-        group = control.foreground()
-        for pid, pgrp in session_members(session):
-            if target == "leader" and pid != session:
-                continue
-            if target in ("foreground", "foreground-spare"):
-                if group is None or pgrp != group:
-                    continue
-                if target == "foreground-spare" and group == session:
-                    return
-            _signal_checked(pid, session, sig)
+        if session is not None:
+            signal_session(session, control.foreground(), sig, target)
 
     return send
+
+
+def signal_session(session: int, group: int | None, sig: int, target: str) -> None:
+    """``sig`` to ``target`` of the terminal whose session is ``session`` and whose foreground
+    is ``group``: ``leader``, ``session``, ``foreground`` or ``foreground-spare`` (not when the
+    foreground is the leader's own group). Only processes of the session are signalled, each
+    through a pidfd after its ``stat`` was read: a group number the terminal still names after
+    its group is gone, or a pid reused meanwhile, reaches nobody outside the sandbox."""
+    for pid, pgrp in session_members(session):
+        if target == "leader" and pid != session:
+            continue
+        if target in ("foreground", "foreground-spare"):
+            if group is None or pgrp != group:
+                continue
+            if target == "foreground-spare" and group == session:
+                return
+        _signal_checked(pid, session, sig)
 
 
 def _signal_checked(pid: int, session: int, sig: int) -> None:

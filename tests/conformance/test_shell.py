@@ -21,8 +21,9 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def sh_backend(backend: str) -> str:
-    return backend
+def sh_backend(tty_backend: str) -> str:
+    """Every backend, docker both ways (``tests/conftest.py: tty_backend``)."""
+    return tty_backend
 
 
 async def test_state_persists_and_exit_codes_are_exact(workspace: Path, sh_backend: str) -> None:

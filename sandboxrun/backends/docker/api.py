@@ -234,10 +234,11 @@ def exec_create(client: DockerClient, container_id: str, argv: list[str], **kwar
     return str(created["Id"])
 
 
-def exec_attach(client: DockerClient, exec_id: str) -> Any:
+def exec_attach(client: DockerClient, exec_id: str, *, tty: bool = False) -> Any:
     """Start the exec with its streams hijacked: docker-py's socket wrapper (keep it: it owns
-    the socket; ``buffered_bytes`` has what it read ahead). Never retried."""
-    return once(lambda: client.api.exec_start(exec_id, socket=True), what="exec start")
+    the socket; ``buffered_bytes`` has what it read ahead). ``tty``: an exec made with a
+    terminal (its stream is raw, not multiplexed). Never retried."""
+    return once(lambda: client.api.exec_start(exec_id, socket=True, tty=tty), what="exec start")
 
 
 def exec_output(client: DockerClient, exec_id: str) -> bytes:

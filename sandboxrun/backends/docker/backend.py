@@ -29,16 +29,16 @@ from sandboxrun.backends.docker import hint as image_hint
 from sandboxrun.backends.docker import rendezvous as sv
 from sandboxrun.backends.docker import seccomp as docker_seccomp
 from sandboxrun.backends.docker.config import BASE_IMAGE
-from sandboxrun.backends.docker.engine_exec import DockerRun, start_timeout
+from sandboxrun.backends.docker.engine_exec import NO_ENGINE_TERMINAL, DockerRun, start_timeout
 from sandboxrun.backends.docker.session import ContainerSession
 from sandboxrun.backends.supervised import SupervisedRun, start_supervised
 from sandboxrun.engine import argv, results
-from sandboxrun.engine.launch import NO_TERMINAL, Launch, Stdio
+from sandboxrun.engine.launch import Launch, Stdio
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.engine.results import NotStarted, Verdict
 from sandboxrun.engine.supervise import RunHandle, Supervision
-from sandboxrun.errors import BackendError, SandboxUnavailableError
+from sandboxrun.errors import BackendError, ConfigError, SandboxUnavailableError
 from sandboxrun.models import BackendName, Limits, Policy
 from sandboxrun.supervisor import procfs as proctree
 from sandboxrun.supervisor.procfs import MARKER_VAR
@@ -359,6 +359,8 @@ class DockerBackend:
             )
 
         via = "supervisor" if self.supervisor is not None else "engine"
+        if request.tty is not None and via == "engine" and self.session.run_cgroup_base is None:
+            raise ConfigError(NO_ENGINE_TERMINAL)  # (known before anything starts)
         return Launch(request, command, env, cwd, isolation, via, shown)
 
     def _env(self, request: ExecRequest, cwd: str) -> dict[str, str]:
@@ -399,8 +401,6 @@ class DockerBackend:
             raise BackendError("docker: the sandbox container is gone (the sandbox was closed)")
         if self.supervisor is not None:  # as it is now (a recycle may have changed it)
             return await self._start_supervised(launch, stdio)
-        if launch.request.tty is not None:  # the engine path has no terminal of ours
-            raise NotStarted("sandbox_error", NO_TERMINAL)
         run = DockerRun(self.session, launch, stdio.stdout, stdio.stderr)
         self.session.active.add(launch.request.run_id)  # visible to a recycle from now on
         try:

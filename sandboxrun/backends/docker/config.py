@@ -26,6 +26,10 @@ BASE_IMAGE = f"{BASE_REPO}:latest"
 LABEL = "sandboxrun.managed"
 HOME = "/home/sandbox"
 TMPFS_OPTS = "rw,nosuid,nodev,size=256m,mode=1777"
+"""(The engine adds ``noexec`` unless ``exec`` is given.)"""
+VAR_TMP_OPTS = "rw,exec,nosuid,nodev,size=256m,mode=1777"
+"""``/var/tmp`` runs programs placed there (inspect installs its sandbox tools there); the
+workspace can hold programs anyway."""
 DEFAULT_PIDS = 512
 DEFAULT_MEMORY = 2 << 30
 FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/run", "/var/run")
@@ -164,7 +168,8 @@ def host_config(
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges", *([f"seccomp={seccomp}"] if seccomp else [])],
         "read_only": True,
-        "tmpfs": {"/tmp": TMPFS_OPTS, HOME: TMPFS_OPTS},  # noqa: S108 - inside the container
+        # (inside the container) /var/tmp may hold programs: inspect's sandbox tools
+        "tmpfs": {"/tmp": TMPFS_OPTS, "/var/tmp": VAR_TMP_OPTS, HOME: TMPFS_OPTS},  # noqa: S108
         "pids_limit": limits.pids or DEFAULT_PIDS,
         "mem_limit": memory,
         "memswap_limit": memory,

@@ -19,6 +19,8 @@ from sandboxrun.backends.docker.demux import FrameDecoder, FrameError
 from sandboxrun.engine import results
 from sandboxrun.engine.capture.stream import StreamCapture
 from sandboxrun.engine.launch import Launch
+from sandboxrun.engine.pty import host_signaller
+from sandboxrun.engine.pty_slave import SlaveLink, open_slave
 from sandboxrun.engine.request import StdinStream
 from sandboxrun.engine.results import Verdict
 from sandboxrun.engine.supervise import KILL_BUDGET_S, Supervision, Termination
@@ -28,6 +30,10 @@ from sandboxrun.supervisor import procfs as proctree
 if TYPE_CHECKING:
     from sandboxrun.backends.docker.session import ContainerSession
 
+NO_ENGINE_TERMINAL = (
+    "a terminal on docker's engine path (an image without python3) needs a local engine whose "
+    "container cgroup this host may write (root): not available here (docs/terminals.md)"
+)
 CHUNK = 64 * 1024
 YIELD_EVERY = 16
 POLL_S = 0.25
@@ -91,6 +97,9 @@ class DockerRun:
         self.stdin_left = request.stdin
         base = session.run_cgroup_base
         self.cgroup = RunCgroup(base, request.run_id) if base is not None else None
+        self.tty = request.tty
+        self.link: SlaveLink | None = None
+        """A terminal's slave, held from the stopped stub on until its leader exits."""
 
     @property
     def client(self) -> dockerapi.Client:
@@ -98,6 +107,11 @@ class DockerRun:
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._start_sync)
+        if self.tty is not None:
+            if self.link is None:  # ended before it ever ran: there is no terminal to reach
+                self.tty.ready.set()
+            else:
+                self.tty.attach(self.link, host_signaller(self.tty))
 
     def _start_sync(self) -> None:
         session, request = self.session, self.request
@@ -108,6 +122,8 @@ class DockerRun:
             session.recycle_needed = True
             raise BackendError("the sandbox container is not running (it will be recreated)")
         command = self.launch.argv
+        if self.tty is not None and self.cgroup is None:
+            raise BackendError(NO_ENGINE_TERMINAL)
         if self.cgroup is not None:
             try:
                 self.cgroup.create()
@@ -122,11 +138,12 @@ class DockerRun:
             cid,
             command,
             stdin=request.stdin is not None,
+            tty=self.tty is not None,
             environment=dict(self.launch.env),
             workdir=self.launch.cwd,
             user=session.user,
         )
-        self.keep = dockerapi.exec_attach(client, self.exec_id)
+        self.keep = dockerapi.exec_attach(client, self.exec_id, tty=self.tty is not None)
         raw = getattr(self.keep, "_sock", self.keep)
         if not isinstance(raw, socket.socket):
             raise BackendError(f"docker: unexpected exec stream object {type(raw).__name__}")
@@ -149,9 +166,13 @@ class DockerRun:
             members = cgroup.adopt()
             stopped = [p for p in members if p.state == "T"]
             if stopped:
+                if self.tty is not None:
+                    self._take_terminal(stopped)
                 proctree.signal_all(stopped, signal.SIGCONT)
                 return
             if members and not any(is_stub(p.pid) for p in members):
+                if self.tty is not None:  # its terminal was never taken: no terminal to reach
+                    raise BackendError("docker: the terminal's start stub ran on unstopped")
                 return  # continued by someone else before it stopped: it runs, in its cgroup
             now = time.monotonic()
             if not members and now >= next_inspect:
@@ -167,6 +188,20 @@ class DockerRun:
                 pause = min(pause * 1.5, START_POLL_MAX_S)
         self.session.recycle_needed = True  # whatever starts later dies with the container
         raise BackendError(f"docker: the exec did not start within {allowed:.0f} s")
+
+    def _take_terminal(self, stopped: list[proctree.Proc]) -> None:
+        """The stub stopped, nothing of the command has run: hold its terminal's slave and
+        give the terminal its size before the command can see it (the engine makes it 0x0)."""
+        assert self.tty is not None
+        stub = next((p for p in stopped if is_stub(p.pid)), None)
+        if stub is None:
+            raise BackendError("docker: the terminal's start stub was not found stopped")
+        try:
+            fd = open_slave(stub.pid)
+        except OSError as exc:
+            raise BackendError(f"docker: cannot reach the exec's terminal: {exc}") from exc
+        self.link = SlaveLink(fd, stub.pid)
+        self.link.set_size(*self.tty.spawn_options().values())
 
     # -- output -----------------------------------------------------------------------------
     async def pump(self) -> None:
@@ -208,6 +243,10 @@ class DockerRun:
     async def _feed(self, data: bytes) -> bool:
         """Demultiplex ``data`` into the captures, then wait while a slow live reader is behind
         (backpressure); False when the stream is not a valid multiplexed stream (it ends)."""
+        if self.tty is not None:  # a terminal's stream is raw: the terminal merged the streams
+            self.captures["stdout"].feed(data)
+            await self.captures["stdout"].wait_sink()
+            return True
         try:
             self.decoder.feed(data)
         except FrameError as exc:
@@ -272,7 +311,10 @@ class DockerRun:
         pause = 0.01
         while self.exit_info is None:
             with anyio.move_on_after(POLL_S):
-                await self.eof_event.wait()
+                await (self._leader_exit() if self.link is not None else self.eof_event.wait())
+            if self.link is not None and self.link.exited():
+                self.link.release()  # the leader is gone: the terminal's output may end now
+                self.link = None
             info = await anyio.to_thread.run_sync(self._inspect)
             if not info.get("Running"):
                 self.exit_info = info
@@ -280,6 +322,14 @@ class DockerRun:
                 await anyio.sleep(pause)
                 pause = min(pause * 2, POLL_S)
         return wait_status_from_exit_code(self.exit_info.get("ExitCode"))
+
+    async def _leader_exit(self) -> None:
+        """Return once a terminal's leader has exited (its pidfd is readable)."""
+        assert self.link is not None
+        if self.link.pidfd is None:
+            await anyio.sleep(POLL_S)
+        else:
+            await anyio.wait_readable(self.link.pidfd)
 
     def _inspect(self) -> dict[str, Any]:
         try:
@@ -469,6 +519,9 @@ class DockerRun:
                     self.session.recycle_needed = True  # unkillable: the next exec starts afresh
         finally:
             self.session.active.discard(self.request.run_id)
+            if self.link is not None:
+                self.link.release()
+                self.link = None
         if self.sock is not None:
             with suppress(OSError):
                 self.sock.close()
