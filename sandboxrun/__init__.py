@@ -13,7 +13,13 @@ if TYPE_CHECKING:
     from sandboxrun.api.jobs import Job, JobChunk, JobLines
     from sandboxrun.api.sandbox import Sandbox, run
     from sandboxrun.api.shell import Shell, ShellResult
-    from sandboxrun.api.terminal import Foreground, OutputWait, Terminal, TerminalText
+    from sandboxrun.api.terminal import (
+        Foreground,
+        OutputWait,
+        Terminal,
+        TerminalScreen,
+        TerminalText,
+    )
     from sandboxrun.errors import (
         BackendError,
         ConfigError,
@@ -68,6 +74,7 @@ _LAZY = {
     "Foreground": "sandboxrun.api.terminal",
     "OutputWait": "sandboxrun.api.terminal",
     "Terminal": "sandboxrun.api.terminal",
+    "TerminalScreen": "sandboxrun.api.terminal",
     "TerminalText": "sandboxrun.api.terminal",
     "run": "sandboxrun.api.sandbox",
 }
@@ -119,6 +126,7 @@ __all__ = [
     "Shell",
     "ShellResult",
     "Terminal",
+    "TerminalScreen",
     "TerminalText",
     "WorkspaceError",
     "__version__",

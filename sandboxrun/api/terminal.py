@@ -25,15 +25,18 @@ import anyio
 from sandboxrun.api.jobs import Job, JobChunk, JobLines
 from sandboxrun.engine.pty import PtyControl, live_processes
 from sandboxrun.engine.request import ExecRequest, StdinStream
+from sandboxrun.engine.terminal_screen import ScreenState, TerminalScreen
 from sandboxrun.engine.terminal_text import plain
 from sandboxrun.errors import SandboxrunError
 from sandboxrun.models import BackendName, ExecResult
 
-__all__ = ["Foreground", "OutputWait", "Terminal", "TerminalText"]
+__all__ = ["Foreground", "OutputWait", "Terminal", "TerminalScreen", "TerminalText"]
 
 MAX_TERMINALS = 16
 """``Sandbox.max_terminals``' default: terminals open at once in one sandbox."""
 WRITE_TIMEOUT_S = 10.0
+MAX_SIZES = 1024
+"""Resizes ``screen`` still has to replay, at most (the oldest go first)."""
 INTERRUPT_TRIES = 3
 INTERRUPT_WAIT_S = 0.15
 """How long one ^C is given to bring the terminal's foreground back to the shell."""
@@ -108,6 +111,10 @@ class Terminal:
         self._changed = anyio.Event()
         self._last_output = time.monotonic()
         self._on_end = on_end
+        self._screen: ScreenState | None = None
+        self._written = 0  # transcript bytes so far
+        self._sizes: list[tuple[int, int, int]] = [(0, self.control.rows, self.control.cols)]
+        """``(transcript offset, rows, cols)``: the size from each offset on (``screen``)."""
         self.job = Job(
             request,
             backend=backend,
@@ -120,7 +127,8 @@ class Terminal:
     def __repr__(self) -> str:
         return f"<Terminal {self.id} {self.job.status} {self.control.rows}x{self.control.cols}>"
 
-    def _note(self, _name: str, _chunk: bytes) -> None:
+    def _note(self, _name: str, chunk: bytes) -> None:
+        self._written += len(chunk)
         self._last_output = time.monotonic()
         self._wake()
 
@@ -197,6 +205,29 @@ class Terminal:
             text, chunk.offset, end, chunk.lossy, chunk.eof and end == chunk.next_offset
         )
 
+    def screen(self) -> TerminalScreen:
+        """The terminal as a user would see it now: its rows x cols rendered from the
+        transcript by a terminal emulator (pyte: ``pip install 'sandboxrun[screen]'``, else
+        ``ConfigError``). Full-screen programs (``top``, ``vim``, ``less``) read here, not in
+        ``text``. Each call feeds what came since the last."""
+        state = self._screen
+        if state is None:
+            state = self._screen = ScreenState(*self._sizes[0][1:])
+        while True:
+            sizes = self._sizes  # what was drawn after a resize is drawn at the new size
+            while len(sizes) > 1 and sizes[1][0] <= state.offset:
+                sizes.pop(0)
+            state.resize(*sizes[0][1:])
+            end = sizes[1][0] if len(sizes) > 1 else None
+            limit = 1 << 20 if end is None else min(1 << 20, end - state.offset)
+            chunk = self.job.read(state.offset, limit)
+            if not chunk.data:
+                if end is not None and chunk.next_offset >= end:  # (a dropped stretch)
+                    state.feed(b"", max(chunk.next_offset, end), chunk.lossy)
+                    continue
+                return state.render()
+            state.feed(chunk.data, chunk.next_offset, chunk.lossy)
+
     async def wait_output(
         self,
         after: int = 0,
@@ -248,6 +279,12 @@ class Terminal:
     async def resize(self, rows: int, cols: int) -> None:
         """The terminal is ``rows`` x ``cols`` from now on (its foreground gets SIGWINCH)."""
         self.control.resize(rows, cols)
+        sizes = self._sizes
+        if sizes[-1][0] == self._written:  # no output since the last resize: it is replaced
+            sizes.pop()
+        sizes.append((self._written, rows, cols))
+        if len(sizes) > MAX_SIZES:
+            del sizes[1 : len(sizes) - MAX_SIZES + 1]
 
     def foreground(self) -> Foreground | None:
         """The terminal's foreground process group, or None once the terminal is gone."""
