@@ -29,6 +29,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import docker
+import psutil
 import pytest
 from helpers import require_backend, wait_until
 from inspect_ai.util import (
@@ -306,7 +307,7 @@ def test_inspect_eval_mockllm(tmp_path: Path) -> None:
     (task_dir / "sandboxrun.yaml").write_text("env:\n  FROM_CONFIG: found\n")
     before = {p.name for p in parent_dir().iterdir()}
     done = subprocess.run(
-        [str(INSPECT), "eval", TASK.name, "--log-format", "json"],
+        [str(INSPECT), "eval", f"{TASK.name}@sandboxrun_bash", "--log-format", "json"],
         cwd=task_dir,
         env=_inspect_env(tmp_path),
         capture_output=True,
@@ -333,6 +334,47 @@ def test_inspect_eval_mockllm(tmp_path: Path) -> None:
     assert answer == "0\n", answer
     assert {p.name for p in parent_dir().iterdir()} == before
     assert not _containers_of_pid(None, since=int(time.time()) - 120)
+
+
+def test_inspect_eval_bash_session_and_text_editor(tmp_path: Path) -> None:
+    """inspect's stateful tools on the sandboxrun provider, in a real eval: ``bash_session()``
+    keeps its directory and variables from one call to the next (inspect's tools server,
+    installed under the container's /var/tmp, outlives the exec that started it: it is a job
+    of the sample's sandbox), ``text_editor()`` creates, edits and views a file; afterwards no
+    tools server, container or workspace is left."""
+    require_backend("docker")
+    task_dir = tmp_path / "task"
+    task_dir.mkdir()
+    shutil.copy(TASK, task_dir / TASK.name)
+    before = {p.name for p in parent_dir().iterdir()}
+    done = subprocess.run(
+        [str(INSPECT), "eval", f"{TASK.name}@sandboxrun_session_tools", "--log-format", "json"],
+        cwd=task_dir,
+        env=_inspect_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (log_file,) = (tmp_path / "logs").glob("*.json")
+    log = json.loads(log_file.read_text())
+    assert log["status"] == "success", log.get("error")
+    (sample,) = log["samples"]
+    tools = [m for m in sample["messages"] if m["role"] == "tool"]
+    assert [m.get("error") for m in tools] == [None] * 5, [m.get("error") for m in tools]
+    contents = [str(m["content"]) for m in tools]
+    assert "set" in contents[0], contents[0]
+    assert "got=42 in /tmp" in contents[1], contents[1]  # the same shell, one call later
+    assert "beta" in contents[4] and "alpha" not in contents[4], contents[4]
+    assert sample["scores"]["in_sandbox"]["value"] == "C", sample["scores"]
+    assert {p.name for p in parent_dir().iterdir()} == before
+    assert not _containers_of_pid(None, since=int(time.time()) - 240)
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "inspect-sandbox-tools" in " ".join(p.info["cmdline"] or [])
+    ], "the tools server outlived its sandbox"
 
 
 def _containers_of_pid(pid: int | None, *, since: int) -> list[str]:

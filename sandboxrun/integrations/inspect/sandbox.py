@@ -39,6 +39,7 @@ from inspect_ai.util import (
 from inspect_ai.util import SandboxUnavailableError as InspectUnavailable
 from pydantic import BaseModel
 
+from sandboxrun.api.jobs import Job
 from sandboxrun.api.sandbox import Sandbox
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.engine.request import ExecRequest
@@ -49,6 +50,7 @@ from sandboxrun.errors import (
     SandboxrunError,
     WorkspaceError,
 )
+from sandboxrun.integrations.inspect import tools_server
 from sandboxrun.integrations.inspect import workspace as workspaces
 from sandboxrun.integrations.inspect.config import (
     CONFIG_FILES,
@@ -67,6 +69,7 @@ from sandboxrun.integrations.inspect.mapping import (
     user_verdict,
     with_wrapper,
 )
+from sandboxrun.integrations.inspect.tools_server import is_start_server, server_argv
 from sandboxrun.models import replaced
 
 log = logging.getLogger("sandboxrun")
@@ -131,6 +134,8 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         """The uid every command runs as."""
         self._users: dict[str, int] | None = None
         self._closed = False
+        self._tools: Job | None = None
+        """The job holding inspect's sandbox tools server, once started (``tools_server``)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -266,6 +271,8 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
                     f"this sandboxrun sandbox runs every command as uid {self.uid} (the config's "
                     f"`user`); it cannot run one as {user!r}"
                 )
+        if is_start_server(cmd) and (self._tools is None or self._tools.done):
+            return await self._start_tools_server(cmd[0], env, timeout)
         stdin = input.encode("utf-8") if isinstance(input, str) else input
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         plan = plan_cwd(cwd, self.root)
@@ -288,6 +295,34 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
             timeout=timeout,
             cmd=cmd,
             wrapped=plan.wrap is not None,
+        )
+
+    async def _start_tools_server(
+        self, cli: str, env: dict[str, str] | None, timeout: int | None
+    ) -> InspectResult[str]:
+        """inspect's ``start-server`` as a background job that holds the tools server until
+        the sandbox closes (``tools_server``)."""
+        argv, nonce = server_argv(cli)
+        try:
+            job = await self.sandbox.start(argv, env=env or None)
+        except InputError as exc:
+            raise ValueError(str(exc)) from exc
+        except (SandboxrunError, RuntimeError) as exc:
+            raise InspectUnavailable(f"The sandbox cannot run commands: {exc}") from exc
+        found = await tools_server.started(job, nonce, None if timeout is None else float(timeout))
+        if found is None:
+            await job.kill(f"timed out: {cli} start-server took over {timeout} s")
+            raise TimeoutError(f"Command timed out after {timeout} seconds: {cli} start-server")
+        code, out, err = found
+        if code == 0:
+            self._tools = job
+        else:
+            await job.kill("failed: start-server failed")
+        return InspectResult(
+            success=code == 0,
+            returncode=code,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
         )
 
     def _prepare(
