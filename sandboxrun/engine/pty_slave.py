@@ -21,10 +21,11 @@ import os
 import stat
 import struct
 import termios
+from pathlib import Path
 from typing import Any
 
 from sandboxrun.engine.pty import signal_session
-from sandboxrun.supervisor.procfs import read_proc, stat_fields
+from sandboxrun.supervisor.procfs import stat_fields
 
 PTY_SLAVE_MAJORS = range(136, 144)
 """``UNIX98_PTY_SLAVE_MAJOR`` and the majors after it: every pty slave is one of them."""
@@ -43,9 +44,20 @@ def check_slave(fd: int) -> str | None:
 
 def open_slave(leader: int) -> int:
     """The terminal on ``leader``'s standard input, opened without becoming this process's
-    controlling terminal. ``OSError`` when it cannot be opened or is not a pty slave."""
-    fd = os.open(f"/proc/{leader}/fd/0", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    why = check_slave(fd)
+    controlling terminal: only once what it names is a pty slave, and the same one once open
+    (nothing else is ever opened as this host's user). ``OSError`` otherwise."""
+    path = f"/proc/{leader}/fd/0"
+    before = Path(path).stat()
+    if not stat.S_ISCHR(before.st_mode) or os.major(before.st_rdev) not in PTY_SLAVE_MAJORS:
+        raise OSError("the command's standard input is not a pseudo-terminal's slave")
+    fd = os.open(path, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        why = check_slave(fd)
+        if why is None and os.fstat(fd).st_rdev != before.st_rdev:
+            why = "it changed while it was opened"
+    except BaseException:
+        os.close(fd)
+        raise
     if why is not None:
         os.close(fd)
         raise OSError(f"the command's standard input is not its terminal: {why}")
@@ -55,14 +67,17 @@ def open_slave(leader: int) -> int:
 class SlaveLink:
     """A terminal through its slave ``fd`` (owned here) and its session ``leader``'s /proc."""
 
-    def __init__(self, fd: int, leader: int) -> None:
+    def __init__(self, fd: int, leader: int, start: int) -> None:
+        """``start``: the leader's start time, read before ``fd`` was opened."""
         self.fd: int | None = fd
         self.leader = leader
-        known = read_proc(leader)
-        self._start = known.start if known is not None else None
+        self._start: int | None = start
         self.pidfd: int | None = None
         with contextlib.suppress(OSError):
             self.pidfd = os.pidfd_open(leader)
+        if self.pidfd is not None and self.exited():  # the pidfd is another process's
+            os.close(self.pidfd)
+            self.pidfd, self._start = None, None
 
     def _leader_stat(self) -> list[bytes] | None:
         """The leader's stat fields while it lives (not a zombie, the same start time)."""

@@ -88,6 +88,7 @@ def test_a_stub_slow_to_stop_is_waited_for_and_continued(monkeypatch: pytest.Mon
         proctree, "signal_all", lambda procs, sig: continued.append(([p.pid for p in procs], sig))
     )
     run = object.__new__(docker_run.DockerRun)
+    run.tty = None  # (no __init__: a plain exec)
     start = time.monotonic()
     run._adopt(SlowStub(1.5))  # type: ignore[arg-type]
     assert time.monotonic() - start >= 1.5
@@ -101,6 +102,7 @@ def test_a_stub_continued_by_someone_else_is_not_waited_for(
 
     monkeypatch.setattr(docker_run, "is_stub", lambda pid: False)  # it already runs the command
     run = object.__new__(docker_run.DockerRun)
+    run.tty = None  # (no __init__: a plain exec)
     start = time.monotonic()
     run._adopt(SlowStub(60))  # type: ignore[arg-type]
     assert time.monotonic() - start < 1

@@ -165,9 +165,9 @@ class DockerRun:
         while time.monotonic() < deadline:
             members = cgroup.adopt()
             stopped = [p for p in members if p.state == "T"]
+            if stopped and self.tty is not None and not self._took_terminal(stopped):
+                stopped = []  # the exec's own stub is not stopped yet: it is waited for
             if stopped:
-                if self.tty is not None:
-                    self._take_terminal(stopped)
                 proctree.signal_all(stopped, signal.SIGCONT)
                 return
             if members and not any(is_stub(p.pid) for p in members):
@@ -189,19 +189,24 @@ class DockerRun:
         self.session.recycle_needed = True  # whatever starts later dies with the container
         raise BackendError(f"docker: the exec did not start within {allowed:.0f} s")
 
-    def _take_terminal(self, stopped: list[proctree.Proc]) -> None:
-        """The stub stopped, nothing of the command has run: hold its terminal's slave and
-        give the terminal its size before the command can see it (the engine makes it 0x0)."""
+    def _took_terminal(self, stopped: list[proctree.Proc]) -> bool:
+        """Take the terminal once the exec's own stub (the pid the engine names, not any
+        process that copied its marker and stopped itself) has stopped, before anything of
+        the command has run: hold its slave and give the terminal its size (the engine
+        makes it 0x0). False while that stub is not seen stopped yet."""
         assert self.tty is not None
-        stub = next((p for p in stopped if is_stub(p.pid)), None)
+        if not self.exec_pid:
+            self.exec_pid = int(self._inspect().get("Pid") or 0)  # set once it runs
+        stub = next((p for p in stopped if p.pid == self.exec_pid and is_stub(p.pid)), None)
         if stub is None:
-            raise BackendError("docker: the terminal's start stub was not found stopped")
+            return False
         try:
             fd = open_slave(stub.pid)
         except OSError as exc:
             raise BackendError(f"docker: cannot reach the exec's terminal: {exc}") from exc
-        self.link = SlaveLink(fd, stub.pid)
+        self.link = SlaveLink(fd, stub.pid, stub.start)
         self.link.set_size(*self.tty.spawn_options().values())
+        return True
 
     # -- output -----------------------------------------------------------------------------
     async def pump(self) -> None:
@@ -313,15 +318,21 @@ class DockerRun:
             with anyio.move_on_after(POLL_S):
                 await (self._leader_exit() if self.link is not None else self.eof_event.wait())
             if self.link is not None and self.link.exited():
-                self.link.release()  # the leader is gone: the terminal's output may end now
-                self.link = None
+                self.release_terminal()  # the leader is gone: the terminal's output may end now
             info = await anyio.to_thread.run_sync(self._inspect)
             if not info.get("Running"):
                 self.exit_info = info
+                self.release_terminal()
             elif self.eof:  # output closed, process still running (or exit not yet recorded)
                 await anyio.sleep(pause)
                 pause = min(pause * 2, POLL_S)
         return wait_status_from_exit_code(self.exit_info.get("ExitCode"))
+
+    def release_terminal(self) -> None:
+        """Close the held slave (on the event loop: the terminal's control uses it there)."""
+        link, self.link = self.link, None
+        if link is not None:
+            link.release()
 
     async def _leader_exit(self) -> None:
         """Return once a terminal's leader has exited (its pidfd is readable)."""
@@ -519,9 +530,7 @@ class DockerRun:
                     self.session.recycle_needed = True  # unkillable: the next exec starts afresh
         finally:
             self.session.active.discard(self.request.run_id)
-            if self.link is not None:
-                self.link.release()
-                self.link = None
+            self.release_terminal()  # (a start error: never attached to the terminal's control)
         if self.sock is not None:
             with suppress(OSError):
                 self.sock.close()
