@@ -62,3 +62,13 @@ def require_backend(name: str) -> str:
             pytest.fail(f"{name} is required (SANDBOXRUN_REQUIRE_BACKENDS) but: {probe.reason}")
         pytest.skip(f"{name} unavailable here: {probe.reason}")
     return name
+
+
+def kill_watchdog(owner_pid: int) -> None:
+    """SIGKILL the docker watchdog of the sandbox owner ``owner_pid`` (its one child running
+    ``backends/docker/watchdog``), as if it died with its owner: the container of a sandbox
+    without a supervisor then outlives the owner, for ``sandboxrun clean`` to find."""
+    dogs = [p for p in psutil.Process(owner_pid).children() if "watchdog" in " ".join(p.cmdline())]
+    assert len(dogs) == 1, dogs
+    dogs[0].kill()  # (a zombie until its parent, killed next, is gone)
+    assert wait_until(lambda: dogs[0].status() == psutil.STATUS_ZOMBIE, 10)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from helpers import require_backend, wait_until
+from helpers import kill_watchdog, require_backend, wait_until
 
 from sandboxrun.backends.docker.config import BASE_IMAGE
 
@@ -65,6 +65,7 @@ def test_clean_removes_the_container_of_a_killed_owner_only(
         assert [r["owner_alive"] for r in rows if r["id"] in ours] == [True]
         subprocess.run([*CLI, "clean"], capture_output=True, text=True, check=True)
         assert managed_ids(client, owner.pid) == ours  # a live owner's container stays
+        kill_watchdog(owner.pid)  # killed with its owner: the container stays for `clean`
         owner.kill()
         owner.wait()
         rows = json.loads(subprocess.run([*CLI, "ps", "--json"], capture_output=True, text=True,

@@ -81,12 +81,14 @@ async def test_commands_run_through_the_supervisor_whose_socket_is_gone(
     assert not Path(source).exists()  # nothing of it on the host either
 
 
+@pytest.mark.parametrize("via", ["supervisor", "engine"])
 def test_sigkill_of_the_owner_leaves_no_container_and_no_process(
-    workspace: Path, engine: docker.DockerClient
+    workspace: Path, engine: docker.DockerClient, via: str
 ) -> None:
     """``kill -9`` of the program using sandboxrun mid-run: the supervisor sees its socket
     close, kills the run (a TERM-ignoring tree with a ``setsid`` child) and exits; the engine
-    removes the container. Within 5 s, without ``sandboxrun clean``."""
+    removes the container. Without a supervisor (the engine's exec path) the owner's watchdog
+    sees its pipe end and removes the container. Within 5 s, without ``sandboxrun clean``."""
     code = textwrap.dedent(
         f"""
         import anyio
@@ -99,7 +101,8 @@ def test_sigkill_of_the_owner_leaves_no_container_and_no_process(
         anyio.run(main)
         """
     )
-    host = subprocess.Popen([sys.executable, "-c", code])
+    env = {**os.environ, "SANDBOXRUN_DOCKER_SUPERVISOR": "0" if via == "engine" else "1"}
+    host = subprocess.Popen([sys.executable, "-c", code], env=env)
     try:
         assert wait_until(lambda: bool(processes_with_arg("6543.5")), 30)
         assert wait_until(lambda: bool(processes_with_arg("6543.25")), 10)

@@ -31,7 +31,7 @@ import anyio.to_thread
 import docker
 import psutil
 import pytest
-from helpers import require_backend, wait_until
+from helpers import kill_watchdog, require_backend, wait_until
 from inspect_ai.util import (
     OutputLimitExceededError,
     SandboxEnvironmentLimits,
@@ -411,7 +411,7 @@ HOLDER = textwrap.dedent(
 
 def _hold_sandbox(tmp_path: Path, *, supervisor: bool) -> tuple[subprocess.Popen[str], str]:
     env = dict(os.environ)
-    if not supervisor:  # the container's main process is a sleep: it outlives its owner
+    if not supervisor:  # the container's main process is a sleep (only a watchdog ends it)
         env["SANDBOXRUN_DOCKER_SUPERVISOR"] = "0"
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True, env=env
@@ -422,8 +422,8 @@ def _hold_sandbox(tmp_path: Path, *, supervisor: bool) -> tuple[subprocess.Popen
 
 def test_inspect_sandbox_cleanup(tmp_path: Path) -> None:
     """``inspect sandbox cleanup sandboxrun``: an eval process killed with SIGKILL leaves its
-    workspace (and, without a supervisor, its container); the cleanup removes both, and keeps
-    a live eval's sandbox unless its name is given."""
+    workspace (and, without a supervisor, its container, when its watchdog is killed with
+    it); the cleanup removes both, and keeps a live eval's sandbox unless its name is given."""
     require_backend("docker")
     cleanup_leftovers(None)  # what earlier runs left: the counts below are this test's
     dead, dead_name = _hold_sandbox(tmp_path, supervisor=False)
@@ -432,6 +432,7 @@ def test_inspect_sandbox_cleanup(tmp_path: Path) -> None:
         dead_ws, live_ws = parent_dir() / dead_name, parent_dir() / live_name
         assert dead_ws.is_dir() and live_ws.is_dir()
         assert len(_own_containers(dead_ws)) == 1
+        kill_watchdog(dead.pid)  # (it would remove the container)
         dead.send_signal(signal.SIGKILL)
         dead.wait()
         assert _own_containers(dead_ws), "a container without a supervisor outlives its owner"

@@ -31,6 +31,7 @@ from sandboxrun.backends.docker import seccomp as docker_seccomp
 from sandboxrun.backends.docker.config import BASE_IMAGE
 from sandboxrun.backends.docker.engine_exec import NO_ENGINE_TERMINAL, DockerRun, start_timeout
 from sandboxrun.backends.docker.session import ContainerSession
+from sandboxrun.backends.docker.watchdog import Watchdog
 from sandboxrun.backends.supervised import SupervisedRun, start_supervised
 from sandboxrun.engine import argv, results
 from sandboxrun.engine.launch import Launch, Stdio
@@ -152,6 +153,8 @@ class DockerBackend:
         if os.environ.get("SANDBOXRUN_DOCKER_SUPERVISOR", "1") == "0":
             self.want_supervisor = False
         self._rendezvous: sv.Rendezvous | None = None
+        self._watchdog: Watchdog | None = None
+        """Removes a container without a supervisor if this process dies (``watchdog``)."""
         self.oom_file: str | None = None
         """The container's OOM-kill counter file (local engines), found once at open."""
 
@@ -204,6 +207,15 @@ class DockerBackend:
             cid = self._create()
             self._start(cid)
             self._learn(cid)
+        if conn is None:  # nothing in the container ends its runs when this process dies
+            try:
+                self._watchdog = Watchdog(cid)
+            except OSError as exc:
+                log.warning(
+                    "sandboxrun: no watchdog for the sandbox container (%s): if this process "
+                    "dies, `sandboxrun clean` removes it",
+                    exc,
+                )
         return conn
 
     def _learn(self, cid: str) -> None:
@@ -319,12 +331,19 @@ class DockerBackend:
         # Taken at once: an abandoned close thread must never clear a later (reopened) client.
         client, self.session.client = self.session.client, None
         cid, self.session.container_id = self.session.container_id, None
+        error = None
         if client is not None and cid is not None:
             error = dockerapi.remove_container(
                 client, cid, budget_s=CLOSE_BUDGET_S, attempt_s=REMOVE_ATTEMPT_S
             )
             if error is not None:
                 self._left_behind(cid, error)
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            if error is None:
+                watchdog.stop()
+            else:
+                watchdog.keep()  # it removes the container once this process is gone
         if client is not None:
             client.close()
 
@@ -440,6 +459,7 @@ class DockerBackend:
 
     async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
         if isinstance(handle, DockerRun):
+            handle.release_terminal()  # here, not in the thread below: the loop uses it
             try:
                 return dataclasses.replace(await handle.verdict(sup), via="engine")
             finally:
