@@ -27,7 +27,7 @@ from sandboxrun.engine.pty import PtyControl, live_processes
 from sandboxrun.engine.request import ExecRequest, StdinStream
 from sandboxrun.engine.terminal_screen import ScreenState, TerminalScreen
 from sandboxrun.engine.terminal_text import plain
-from sandboxrun.errors import SandboxrunError
+from sandboxrun.errors import ConfigError, SandboxrunError
 from sandboxrun.models import BackendName, ExecResult
 
 __all__ = ["Foreground", "OutputWait", "Terminal", "TerminalScreen", "TerminalText"]
@@ -35,6 +35,11 @@ __all__ = ["Foreground", "OutputWait", "Terminal", "TerminalScreen", "TerminalTe
 MAX_TERMINALS = 16
 """``Sandbox.max_terminals``' default: terminals open at once in one sandbox."""
 WRITE_TIMEOUT_S = 10.0
+SCREEN_REPLAY = 256 * 1024
+"""At most this much of the transcript (or 16 bytes a cell) is fed to draw the screen: more
+came since the last ``screen()``, and only its end is (``lossy``). pyte draws ~0.3 MB/s."""
+SCREEN_CHUNK = 64 * 1024
+MAX_SCREEN_CELLS = 1_000_000
 MAX_SIZES = 1024
 """Resizes ``screen`` still has to replay, at most (the oldest go first)."""
 INTERRUPT_TRIES = 3
@@ -210,21 +215,33 @@ class Terminal:
         transcript by a terminal emulator (pyte: ``pip install 'sandboxrun[screen]'``, else
         ``ConfigError``). Full-screen programs (``top``, ``vim``, ``less``) read here, not in
         ``text``. Each call feeds what came since the last."""
+        rows, cols = self.control.rows, self.control.cols
+        if rows * cols > MAX_SCREEN_CELLS:
+            raise ConfigError(
+                f"screen() renders at most {MAX_SCREEN_CELLS:,} cells, not {rows} x {cols}"
+            )
+        budget = max(SCREEN_REPLAY, rows * cols * 16)
         state = self._screen
-        if state is None:
-            state = self._screen = ScreenState(*self._sizes[0][1:])
+        if state is None or self._written - state.offset > budget:
+            start = max(0, self._written - budget)  # the last of it draws the screen
+            sizes = self._sizes
+            while len(sizes) > 1 and sizes[1][0] <= start:
+                sizes.pop(0)
+            state = self._screen = ScreenState(*sizes[0][1:])
+            if start:
+                state.skip(start)
         while True:
             sizes = self._sizes  # what was drawn after a resize is drawn at the new size
             while len(sizes) > 1 and sizes[1][0] <= state.offset:
                 sizes.pop(0)
             state.resize(*sizes[0][1:])
             end = sizes[1][0] if len(sizes) > 1 else None
-            limit = 1 << 20 if end is None else min(1 << 20, end - state.offset)
+            limit = SCREEN_CHUNK if end is None else min(SCREEN_CHUNK, end - state.offset)
             chunk = self.job.read(state.offset, limit)
+            if chunk.offset > state.offset:  # dropped from the log: on from what it holds
+                state.skip(chunk.offset)
+                continue
             if not chunk.data:
-                if end is not None and chunk.next_offset >= end:  # (a dropped stretch)
-                    state.feed(b"", max(chunk.next_offset, end), chunk.lossy)
-                    continue
                 return state.render()
             state.feed(chunk.data, chunk.next_offset, chunk.lossy)
 

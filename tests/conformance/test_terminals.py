@@ -30,6 +30,14 @@ FAST = Limits(grace_s=0.5, drain_s=0.5)
 PROMPT = r"[$#] $"
 
 
+def transcript_end(term: Terminal) -> int:
+    """The offset past the last byte of ``term``'s transcript so far."""
+    offset = 0
+    while chunk := term.read(offset, 1 << 20).data:
+        offset += len(chunk)
+    return offset
+
+
 def via_of(backend: str) -> str:
     """How ``backend`` starts a terminal here (``tty_backend``: docker both ways)."""
     if backend == "systemd-scope":
@@ -372,11 +380,6 @@ anyio.run(main)
 def test_the_owner_sigkilled_with_terminals_open_leaves_nothing(
     workspace: Path, tty_backend: str
 ) -> None:
-    if via_of(tty_backend) == "engine":
-        pytest.skip(
-            "docker's engine path has no supervisor in the container to end its runs when the "
-            "owner dies: `sandboxrun clean` removes them (docs/docker.md, docs/terminals.md)"
-        )
     tok = token()
     owner = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(OWNER), str(workspace), tty_backend, tok],
@@ -571,3 +574,53 @@ async def test_screen_shows_what_a_full_screen_program_drew_and_follows_a_resize
         screen = term.screen()
         assert screen.text == "6 20" and len(screen.rows) == 6 and len(screen.rows[0]) == 20
         await term.close()
+
+
+CURSES_PAGE = (
+    "import curses\n"
+    "def page(win):\n"
+    "    win.addstr(5, 10, 'curses page')\n"
+    "    win.refresh()\n"
+    "    win.getch()\n"
+    "curses.wrapper(page)\n"
+)
+
+
+async def test_screen_shows_a_curses_page_while_it_runs_and_the_shell_once_it_quits(
+    workspace: Path, tty_backend: str
+) -> None:
+    """A real full-screen program: curses draws on the alternate screen (terminfo's smcup);
+    once it quits (rmcup) the shell's screen is back, the lines typed before it and the
+    prompt, nothing of its page left."""
+    async with Sandbox(workspace, backend=tty_backend, limits=FAST) as sb:
+        term, at = await shell(sb, rows=24, cols=100)
+        at = await run_line(term, at, "echo before-curses", r"before-curses\r?\n\$ $")
+        (workspace / "page.py").write_text(CURSES_PAGE)
+        await term.write("python3 page.py\r")
+        seen = await term.wait_output(at, pattern=r"curses page", timeout=20)
+        assert seen.reason == "pattern", seen
+        shown = term.screen()
+        assert shown.rows[5][10:21] == "curses page", shown.rows
+        assert "before-curses" not in shown.text, shown.rows
+        await term.write("q")
+        seen = await term.wait_output(seen.output.next_offset, pattern=r"\$ $", timeout=20)
+        assert seen.reason == "pattern", seen
+        back = term.screen()
+        assert "before-curses" in back.text and "curses page" not in back.text, back.rows
+        assert back.rows[back.cursor[0]].rstrip() == "$", back
+        await term.close()
+
+
+async def test_screen_after_a_flood_draws_from_the_transcripts_end(
+    workspace: Path, tty_backend: str
+) -> None:
+    """Megabytes since the last look are not all replayed (pyte draws ~0.3 MB/s: the loop
+    would stall): the end of the transcript draws the screen, which says it is ``lossy``."""
+    program = "import sys; sys.stdout.write(('y' * 79 + '\\n') * 50000 + 'END')"
+    limits = Limits(grace_s=0.5, drain_s=0.5, max_output=16 << 20)
+    async with Sandbox(workspace, backend=tty_backend, limits=limits) as sb:
+        term = await sb.open_terminal(["python3", "-c", program], rows=10, cols=80)
+        await term.wait(30)
+        shown = term.screen()
+    assert shown.lossy and shown.offset == transcript_end(term) >= 4_000_000, shown
+    assert shown.rows[-1].rstrip() == "END" and shown.rows[0].rstrip() == "y" * 79, shown.rows

@@ -46,3 +46,42 @@ def test_lossy_is_sticky() -> None:
     state.feed(b"a", 1, True)
     state.feed(b"b", 2, False)
     assert state.render().lossy
+
+
+@pytest.mark.parametrize("cut", range(0, 14))
+def test_the_alternate_screen_is_left_as_it_was_found(cut: int) -> None:
+    """``less`` and ``vim`` draw on the alternate screen (1049): once they quit, the shell's
+    screen is back, whatever the chunk boundaries (pyte alone keeps their last page)."""
+    before = b"$ ls\r\na b\r\n$ less f"
+    full = b"\x1b[?1049h\x1b[H\x1b[2Jpage one\x1b[5;1H(END)"
+    leave = b"\x1b[?1049l\r\n$ "
+    data = full + leave
+    state = ScreenState(5, 20)
+    state.feed(before, len(before), False)
+    state.feed(data[:cut], len(before) + cut, False)
+    state.feed(data[cut:], len(before) + len(data), False)
+    screen = state.render()
+    assert screen.text == "$ ls\na b\n$ less f\n$", screen.rows
+    assert "page one" not in screen.text and screen.cursor == (3, 2)
+
+
+def test_on_the_alternate_screen_only_its_page_shows() -> None:
+    state = ScreenState(4, 20)
+    state.feed(b"shell text\r\n\x1b[?1049h\x1b[Hpage", 100, False)
+    assert state.render().text == "page"
+
+
+def test_other_private_modes_and_a_lone_leave_change_nothing() -> None:
+    screen = render(b"keep\x1b[?25l\x1b[?7h\x1b[?1049l", rows=2, cols=8)
+    assert screen.text == "keep" and screen.cursor == (0, 4)
+    screen = render(b"keep\x1b[?25l\x1b[?2004h more", rows=2, cols=12)
+    assert screen.text == "keep more"
+
+
+def test_skip_marks_the_screen_lossy_and_moves_on() -> None:
+    state = ScreenState(2, 10)
+    state.feed(b"\x1b[?10", 5, False)  # a cut-off mode sequence is held...
+    state.skip(1000)  # ...and dropped with what was skipped
+    state.feed(b"new", 1003, False)
+    screen = state.render()
+    assert screen.text == "new" and screen.offset == 1003 and screen.lossy
