@@ -170,10 +170,12 @@ async def test_one_labelled_hardened_container_while_open_and_none_after(
     assert not host.get("Devices")
     assert not host.get("VolumesFrom")
     assert host["LogConfig"]["Type"] == "none"
-    assert set(host["Tmpfs"]) == {"/tmp", "/home/sandbox"}
-    for options in host["Tmpfs"].values():
+    assert set(host["Tmpfs"]) == {"/tmp", "/var/tmp", "/home/sandbox"}
+    for where, options in host["Tmpfs"].items():
         assert "nosuid" in options
         assert "nodev" in options
+        # only /var/tmp may run programs (inspect's tools; the workspace is writable here)
+        assert ("exec" in options.split(",")) is (where == "/var/tmp"), (where, options)
     assert info["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
 
     mounts = info["Mounts"]

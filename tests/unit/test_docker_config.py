@@ -124,6 +124,26 @@ def test_nano_cpus_is_never_zero() -> None:
     assert config["host_config"]["nano_cpus"] == 10_000_000
 
 
+@pytest.mark.parametrize(("access", "runs"), [("workspace-write", True), ("read-only", False)])
+def test_var_tmp_runs_programs_only_where_the_workspace_could_hold_them(
+    access: str, runs: bool
+) -> None:
+    """inspect's sandbox tools run from /var/tmp; a read-only workspace gets no writable place
+    that may run programs (the engine adds noexec to a tmpfs without ``exec``)."""
+    config = cfg.host_config(
+        workspace=Path("/w"),
+        policy=Policy(access=access),
+        limits=Limits(),
+        image="i",
+        user="1:1",
+        lbls={},
+    )
+    tmpfs = config["host_config"]["tmpfs"]
+    assert ("exec" in tmpfs["/var/tmp"].split(",")) is runs
+    assert "exec" not in tmpfs["/tmp"].split(",") and "exec" not in tmpfs[cfg.HOME].split(",")
+    assert {"nosuid", "nodev"} <= set(tmpfs["/var/tmp"].split(","))
+
+
 # -- what the container's cgroup shows --------------------------------------------------------
 HYBRID = """12:perf_event:/docker/abc
 8:pids:/docker/abc

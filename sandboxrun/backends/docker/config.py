@@ -28,8 +28,8 @@ HOME = "/home/sandbox"
 TMPFS_OPTS = "rw,nosuid,nodev,size=256m,mode=1777"
 """(The engine adds ``noexec`` unless ``exec`` is given.)"""
 VAR_TMP_OPTS = "rw,exec,nosuid,nodev,size=256m,mode=1777"
-"""``/var/tmp`` runs programs placed there (inspect installs its sandbox tools there); the
-workspace can hold programs anyway."""
+"""``/var/tmp`` runs programs placed there (inspect installs its sandbox tools there) when
+the workspace is writable (it can hold programs anyway); else it is ``noexec`` like ``/tmp``."""
 DEFAULT_PIDS = 512
 DEFAULT_MEMORY = 2 << 30
 FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/run", "/var/run")
@@ -163,13 +163,15 @@ def host_config(
     reach of every signal a command could send it: the kernel delivers none to its
     namespace's init that it has no handler for, SIGSTOP and SIGKILL included)."""
     memory = limits.memory_bytes or DEFAULT_MEMORY
+    # (inside the container) /var/tmp may run programs (inspect's sandbox tools) only where
+    # the workspace could hold them anyway: with a read-only workspace nothing writable may
+    var_tmp = TMPFS_OPTS if policy.access == "read-only" else VAR_TMP_OPTS
     host: dict[str, Any] = {
         "init": supervisor is None,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges", *([f"seccomp={seccomp}"] if seccomp else [])],
         "read_only": True,
-        # (inside the container) /var/tmp may hold programs: inspect's sandbox tools
-        "tmpfs": {"/tmp": TMPFS_OPTS, "/var/tmp": VAR_TMP_OPTS, HOME: TMPFS_OPTS},  # noqa: S108
+        "tmpfs": {"/tmp": TMPFS_OPTS, "/var/tmp": var_tmp, HOME: TMPFS_OPTS},  # noqa: S108
         "pids_limit": limits.pids or DEFAULT_PIDS,
         "mem_limit": memory,
         "memswap_limit": memory,

@@ -135,6 +135,7 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         self._users: dict[str, int] | None = None
         self._closed = False
         self._tools: Job | None = None
+        self._tools_lock = anyio.Lock()
         """The job holding inspect's sandbox tools server, once started (``tools_server``)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -271,8 +272,10 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
                     f"this sandboxrun sandbox runs every command as uid {self.uid} (the config's "
                     f"`user`); it cannot run one as {user!r}"
                 )
-        if is_start_server(cmd) and (self._tools is None or self._tools.done):
-            return await self._start_tools_server(cmd[0], env, timeout)
+        if is_start_server(cmd):
+            async with self._tools_lock:  # one server: a second call finds it running
+                if self._tools is None or self._tools.done:
+                    return await self._start_tools_server(cmd[0], env, timeout)
         stdin = input.encode("utf-8") if isinstance(input, str) else input
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         plan = plan_cwd(cwd, self.root)
@@ -309,7 +312,14 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
             raise ValueError(str(exc)) from exc
         except (SandboxrunError, RuntimeError) as exc:
             raise InspectUnavailable(f"The sandbox cannot run commands: {exc}") from exc
-        found = await tools_server.started(job, nonce, None if timeout is None else float(timeout))
+        try:
+            found = await tools_server.started(
+                job, nonce, None if timeout is None else float(timeout)
+            )
+        except BaseException:  # cancelled: the job nobody holds is ended
+            with anyio.CancelScope(shield=True):
+                await job.kill("cancelled: the start-server call was cancelled")
+            raise
         if found is None:
             await job.kill(f"timed out: {cli} start-server took over {timeout} s")
             raise TimeoutError(f"Command timed out after {timeout} seconds: {cli} start-server")

@@ -59,29 +59,32 @@ def status_of(stderr: bytes, nonce: str) -> tuple[int, bytes] | None:
         return None
 
 
-def _all(job: Job, stream: str) -> bytes:
-    parts: list[bytes] = []
-    offset = 0
-    while True:
-        chunk = job.read(offset, 1 << 20, stream=stream)  # type: ignore[arg-type]
-        if not chunk.data:
-            return b"".join(parts)
-        parts.append(chunk.data)
-        offset = chunk.next_offset
+class _Reader:
+    """One stream of a job, read on from where it stopped."""
+
+    def __init__(self, job: Job, stream: str) -> None:
+        self.job, self.stream, self.data, self._offset = job, stream, bytearray(), 0
+
+    def catch_up(self) -> bytes:
+        while chunk := self.job.read(self._offset, 1 << 20, stream=self.stream).data:  # type: ignore[arg-type]
+            self.data += chunk
+            self._offset += len(chunk)
+        return bytes(self.data)
 
 
 async def started(job: Job, nonce: str, timeout: float | None) -> tuple[int, bytes, bytes] | None:
     """Wait until ``start-server`` in ``job`` has ended: ``(exit status, stdout, stderr)``;
     None after ``timeout`` (the caller kills the job)."""
     deadline = time.monotonic() + (START_TIMEOUT_S if timeout is None else timeout)
+    out, err = _Reader(job, "stdout"), _Reader(job, "stderr")
     while True:
-        found = status_of(_all(job, "stderr"), nonce)
+        found = status_of(err.catch_up(), nonce)
         if found is not None:
-            return found[0], _all(job, "stdout"), found[1]
+            return found[0], out.catch_up(), found[1]
         if job.done:
             result = job.result
             code = 1 if result is None or result.exit_code is None else result.exit_code
-            return code, _all(job, "stdout"), _all(job, "stderr")
+            return code, out.catch_up(), err.catch_up()
         if time.monotonic() >= deadline:
             return None
         await anyio.sleep(POLL_S)
