@@ -224,10 +224,7 @@ class Terminal:
         state = self._screen
         if state is None or self._written - state.offset > budget:
             start = max(0, self._written - budget)  # the last of it draws the screen
-            sizes = self._sizes
-            while len(sizes) > 1 and sizes[1][0] <= start:
-                sizes.pop(0)
-            state = self._screen = ScreenState(*sizes[0][1:])
+            state = self._screen = ScreenState(*self._sizes[0][1:])  # (resized below)
             if start:
                 state.skip(start)
         while True:

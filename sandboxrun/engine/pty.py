@@ -81,6 +81,25 @@ def _get_int(fd: int, request: int) -> int | None:
     return value if value > 0 else None
 
 
+def set_size(fd: int, rows: int, cols: int) -> None:
+    """``TIOCSWINSZ`` on a terminal's master or slave (the foreground gets SIGWINCH)."""
+    with contextlib.suppress(OSError):  # (the terminal is being hung up)
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def get_modes(fd: int) -> list[Any] | None:
+    """A terminal's modes through its master or slave; None once it is gone."""
+    try:
+        return termios.tcgetattr(fd)
+    except termios.error:
+        return None
+
+
+def put_modes(fd: int, modes: list[Any]) -> None:
+    with contextlib.suppress(termios.error):
+        termios.tcsetattr(fd, termios.TCSANOW, modes)
+
+
 class TtyLink(Protocol):
     """How the host reaches a run's terminal: through its master (``MasterLink``), or, on
     docker's engine path, where the engine holds the master, through its slave and /proc
@@ -106,18 +125,13 @@ class MasterLink:
         self.fd = fd
 
     def set_size(self, rows: int, cols: int) -> None:
-        with contextlib.suppress(OSError):  # (the terminal is being hung up)
-            fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        set_size(self.fd, rows, cols)
 
     def modes(self) -> list[Any] | None:
-        try:  # a master's ioctls reach its slave's modes
-            return termios.tcgetattr(self.fd)
-        except termios.error:
-            return None
+        return get_modes(self.fd)  # (a master's ioctls reach its slave's modes)
 
     def set_modes(self, modes: list[Any]) -> None:
-        with contextlib.suppress(termios.error):
-            termios.tcsetattr(self.fd, termios.TCSANOW, modes)
+        put_modes(self.fd, modes)
 
     def foreground(self) -> int | None:
         return _get_int(self.fd, termios.TIOCGPGRP)

@@ -16,19 +16,20 @@ it once the leader has exited (``exited``): from then on the terminal has no for
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
-import struct
-import termios
 from pathlib import Path
 from typing import Any
 
-from sandboxrun.engine.pty import signal_session
+from sandboxrun.engine.pty import get_modes, put_modes, set_size, signal_session
 from sandboxrun.supervisor.procfs import stat_fields
 
 PTY_SLAVE_MAJORS = range(136, 144)
 """``UNIX98_PTY_SLAVE_MAJOR`` and the majors after it: every pty slave is one of them."""
+
+
+def _is_slave(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in PTY_SLAVE_MAJORS
 
 
 def check_slave(fd: int) -> str | None:
@@ -37,9 +38,7 @@ def check_slave(fd: int) -> str | None:
         st = os.fstat(fd)
     except OSError as exc:
         return f"it cannot be examined ({exc.strerror})"
-    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) not in PTY_SLAVE_MAJORS:
-        return "it is not a pseudo-terminal's slave"
-    return None
+    return None if _is_slave(st) else "it is not a pseudo-terminal's slave"
 
 
 def open_slave(leader: int) -> int:
@@ -48,7 +47,7 @@ def open_slave(leader: int) -> int:
     (nothing else is ever opened as this host's user). ``OSError`` otherwise."""
     path = f"/proc/{leader}/fd/0"
     before = Path(path).stat()
-    if not stat.S_ISCHR(before.st_mode) or os.major(before.st_rdev) not in PTY_SLAVE_MAJORS:
+    if not _is_slave(before):
         raise OSError("the command's standard input is not a pseudo-terminal's slave")
     fd = os.open(path, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
@@ -105,21 +104,14 @@ class SlaveLink:
 
     def set_size(self, rows: int, cols: int) -> None:
         if self.fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            set_size(self.fd, rows, cols)
 
     def modes(self) -> list[Any] | None:
-        if self.fd is None:
-            return None
-        try:
-            return termios.tcgetattr(self.fd)
-        except termios.error:
-            return None
+        return None if self.fd is None else get_modes(self.fd)
 
     def set_modes(self, modes: list[Any]) -> None:
         if self.fd is not None:
-            with contextlib.suppress(termios.error):
-                termios.tcsetattr(self.fd, termios.TCSANOW, modes)
+            put_modes(self.fd, modes)
 
     def session(self) -> int | None:
         """The leader, while it lives (a terminal loses its session with its leader)."""

@@ -25,6 +25,7 @@ import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -295,24 +296,21 @@ def _inspect_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_inspect_eval_mockllm(tmp_path: Path) -> None:
-    """``inspect eval`` of a task whose scripted model calls ``bash``: the tool runs in the
-    sandboxrun container (/workspace, the file the sample wrote, its read-only root, the
-    ``sandboxrun.yaml`` found next to the task file), a timed-out call leaves nothing running,
-    the scorer reads the sandbox, and no container or workspace is left afterwards."""
-    require_backend("docker")
+def _eval_sample(tmp_path: Path, task: str, timeout: float, config: str | None = None) -> Any:
+    """``inspect eval inspect_task.py@task`` in a directory of its own (with ``config`` as its
+    ``sandboxrun.yaml``): its one log's one sample, once the eval succeeded."""
     task_dir = tmp_path / "task"
     task_dir.mkdir()
     shutil.copy(TASK, task_dir / TASK.name)
-    (task_dir / "sandboxrun.yaml").write_text("env:\n  FROM_CONFIG: found\n")
-    before = {p.name for p in parent_dir().iterdir()}
+    if config is not None:
+        (task_dir / "sandboxrun.yaml").write_text(config)
     done = subprocess.run(
-        [str(INSPECT), "eval", f"{TASK.name}@sandboxrun_bash", "--log-format", "json"],
+        [str(INSPECT), "eval", f"{TASK.name}@{task}", "--log-format", "json"],
         cwd=task_dir,
         env=_inspect_env(tmp_path),
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -321,6 +319,17 @@ def test_inspect_eval_mockllm(tmp_path: Path) -> None:
     log = json.loads(logs[0].read_text())
     assert log["status"] == "success", log.get("error")
     (sample,) = log["samples"]
+    return sample
+
+
+def test_inspect_eval_mockllm(tmp_path: Path) -> None:
+    """``inspect eval`` of a task whose scripted model calls ``bash``: the tool runs in the
+    sandboxrun container (/workspace, the file the sample wrote, its read-only root, the
+    ``sandboxrun.yaml`` found next to the task file), a timed-out call leaves nothing running,
+    the scorer reads the sandbox, and no container or workspace is left afterwards."""
+    require_backend("docker")
+    before = {p.name for p in parent_dir().iterdir()}
+    sample = _eval_sample(tmp_path, "sandboxrun_bash", 100, "env:\n  FROM_CONFIG: found\n")
     assert sample["scores"]["in_sandbox"]["value"] == "C", sample["scores"]
     tools = [m for m in sample["messages"] if m["role"] == "tool"]
     look, hang, answer = (m["content"] for m in tools)
@@ -343,24 +352,8 @@ def test_inspect_eval_bash_session_and_text_editor(tmp_path: Path) -> None:
     of the sample's sandbox), ``text_editor()`` creates, edits and views a file; afterwards no
     tools server, container or workspace is left."""
     require_backend("docker")
-    task_dir = tmp_path / "task"
-    task_dir.mkdir()
-    shutil.copy(TASK, task_dir / TASK.name)
     before = {p.name for p in parent_dir().iterdir()}
-    done = subprocess.run(
-        [str(INSPECT), "eval", f"{TASK.name}@sandboxrun_session_tools", "--log-format", "json"],
-        cwd=task_dir,
-        env=_inspect_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    (log_file,) = (tmp_path / "logs").glob("*.json")
-    log = json.loads(log_file.read_text())
-    assert log["status"] == "success", log.get("error")
-    (sample,) = log["samples"]
+    sample = _eval_sample(tmp_path, "sandboxrun_session_tools", 240)
     tools = [m for m in sample["messages"] if m["role"] == "tool"]
     assert [m.get("error") for m in tools] == [None] * 5, [m.get("error") for m in tools]
     contents = [str(m["content"]) for m in tools]

@@ -45,10 +45,6 @@ class Watchdog:
         finally:
             os.close(read_end)
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
     def keep(self) -> None:
         """The owner could not remove the container: the watchdog stays until the owner is
         gone, then removes it."""
