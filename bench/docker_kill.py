@@ -129,11 +129,11 @@ async def one_run(
         watcher.start()
 
     if kind == "cooperative":
-        request = sb.prepare(COOPERATIVE, timeout=timeout_s)
+        request = sb._prepare(COOPERATIVE, timeout=timeout_s)
     elif kind == "hostile":
-        request = sb.prepare(shell=HOSTILE, timeout=timeout_s)
+        request = sb._prepare(shell=HOSTILE, timeout=timeout_s)
     else:  # ended by the caller's cancellation, no timeout of its own
-        request = sb.prepare(shell=HOSTILE, timeout=3600.0)
+        request = sb._prepare(shell=HOSTILE, timeout=3600.0)
     result: ExecResult | None = None
     async with anyio.create_task_group() as tg:
         start = time.perf_counter()
@@ -141,11 +141,11 @@ async def one_run(
         tg.start_soon(watch)
         if kind == "hostile_cancel":
             with anyio.move_on_after(timeout_s):
-                await sb.run_request(request)
+                await sb._run_request(request)
             last = sb.last_result
             result = last if last is not None and last.run_id == request.run_id else None
         else:
-            result = await sb.run_request(request)
+            result = await sb._run_request(request)
         returned = time.perf_counter()
     await anyio.to_thread.run_sync(watcher.join, 5.0)
     left = foreign(await anyio.to_thread.run_sync(top, client, cid), own)

@@ -126,7 +126,7 @@ async def measure(repeats: int, workspace: Path) -> dict[str, Any]:
         await sandboxrun_round(workspace, limits, {})
         raw_round(client, workspace, {})
         with (
-            patched(Sandbox, "choose_backend", sbx_phases, "probe"),
+            patched(Sandbox, "_choose_backend", sbx_phases, "probe"),
             patched(dockerapi, "connect", sbx_phases, "connect"),
             patched(DockerBackend, "_open_sync", sbx_phases, "open"),
         ):

@@ -67,15 +67,15 @@ async def one_run(sb: Sandbox, hostile: bool, timeout_s: float) -> dict[str, Any
         probe.update(processes=count, sessions=sessions)
 
     if hostile:
-        request = sb.prepare(shell=HOSTILE, timeout=timeout_s)
+        request = sb._prepare(shell=HOSTILE, timeout=timeout_s)
     else:
-        request = sb.prepare(COOPERATIVE, timeout=timeout_s)
+        request = sb._prepare(COOPERATIVE, timeout=timeout_s)
     run_id = request.run_id
     result: ExecResult | None = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(look)
         start = time.perf_counter()
-        result = await sb.run_request(request)
+        result = await sb._run_request(request)
         wall = time.perf_counter() - start
     assert result is not None
     observed = await anyio.to_thread.run_sync(marked_alive, result.run_id)

@@ -44,7 +44,7 @@ async def sequential(n: int, workspace: Path, limits: Limits) -> dict[str, Any]:
         Sandbox(workspace, backend="process-group", limits=limits) as sb_on,
         Sandbox(workspace, backend="process-group", limits=limits, policy=OFF) as sb_off,
     ):
-        layers = sb_on.backend.plan(sb_on.prepare(["true"])).isolation
+        layers = sb_on.backend.plan(sb_on._prepare(["true"])).isolation
         for _ in range(WARMUP):
             await sb_on.exec(["true"])
             await sb_off.exec(["true"])

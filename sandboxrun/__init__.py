@@ -20,12 +20,14 @@ if TYPE_CHECKING:
         TerminalScreen,
         TerminalText,
     )
+    from sandboxrun.detached.handle import DetachedSandbox
     from sandboxrun.errors import (
         BackendError,
         ConfigError,
         EnvError,
         ExecError,
         InputError,
+        NoSuchSandbox,
         PolicyRefusedError,
         SandboxFileError,
         SandboxFileNotFoundError,
@@ -37,8 +39,9 @@ if TYPE_CHECKING:
         SandboxUnavailableError,
         WorkspaceError,
     )
+    from sandboxrun.image.source import image_from
     from sandboxrun.integrations.blocking import BlockingJob, BlockingSandbox
-    from sandboxrun.models import Denial, ExecResult, Limits, Policy
+    from sandboxrun.models import Denial, ExecResult, Limits, Mount, Policy
 
 __version__ = "0.1.0"
 
@@ -61,12 +64,15 @@ _LAZY = {
     "BlockingJob": "sandboxrun.integrations.blocking",
     "BlockingSandbox": "sandboxrun.integrations.blocking",
     "DirEntry": "sandboxrun.api.files",
+    "DetachedSandbox": "sandboxrun.detached.handle",
+    "NoSuchSandbox": "sandboxrun.errors",
     "Job": "sandboxrun.api.jobs",
     "JobChunk": "sandboxrun.api.jobs",
     "JobLines": "sandboxrun.api.jobs",
     "Denial": "sandboxrun.models",
     "ExecResult": "sandboxrun.models",
     "Limits": "sandboxrun.models",
+    "Mount": "sandboxrun.models",
     "Policy": "sandboxrun.models",
     "Sandbox": "sandboxrun.api.sandbox",
     "Shell": "sandboxrun.api.shell",
@@ -77,6 +83,7 @@ _LAZY = {
     "TerminalScreen": "sandboxrun.api.terminal",
     "TerminalText": "sandboxrun.api.terminal",
     "run": "sandboxrun.api.sandbox",
+    "image_from": "sandboxrun.image.source",
 }
 """Where each public name lives: imported on first use (PEP 562), so that ``import sandboxrun``
 and the CLI's start-up do not pay for pydantic, anyio and the docker SDK (bench/cli_startup.py)."""
@@ -101,6 +108,7 @@ __all__ = [
     "BlockingSandbox",
     "ConfigError",
     "Denial",
+    "DetachedSandbox",
     "DirEntry",
     "EnvError",
     "ExecError",
@@ -111,6 +119,8 @@ __all__ = [
     "JobChunk",
     "JobLines",
     "Limits",
+    "Mount",
+    "NoSuchSandbox",
     "OutputWait",
     "Policy",
     "PolicyRefusedError",
@@ -130,5 +140,6 @@ __all__ = [
     "TerminalText",
     "WorkspaceError",
     "__version__",
+    "image_from",
     "run",
 ]

@@ -50,6 +50,10 @@ class ConfigError(InputError):
     """A limit, size, policy or option value is invalid."""
 
 
+class NoSuchSandbox(InputError):
+    """No detached sandbox of that name lives here (``Sandbox.attach``, ``sandboxrun exec``)."""
+
+
 class SandboxUnavailableError(SandboxrunError):
     """The requested backend cannot run here; ``reason`` says why."""
 
@@ -126,11 +130,21 @@ class SandboxFileTooLargeError(SandboxFileError):
 
 
 class ExecError(SandboxrunError):
-    """Raised by ``ExecResult.check()`` for any result that is not ``completed``."""
+    """Raised by ``ExecResult.check()`` for any result that is not ``completed``. Its text
+    ends with the last ``STDERR_TAIL`` characters of the command's stderr (as the result
+    holds it: masked), which usually say why."""
+
+    STDERR_TAIL = 800
 
     def __init__(self, result: ExecResult) -> None:
         detail = result.error or (
             f"exit code {result.exit_code}" if result.exit_code is not None else result.signal
         )
-        super().__init__(f"command {result.argv!r} ended with status {result.status} ({detail})")
+        text = f"command {result.argv!r} ended with status {result.status} ({detail})"
+        stderr = result.stderr.rstrip()
+        if stderr:
+            cut = len(stderr) > self.STDERR_TAIL
+            tail = stderr[-self.STDERR_TAIL :]
+            text += f"; stderr{' (its end)' if cut else ''}:\n{'…' if cut else ''}{tail}"
+        super().__init__(text)
         self.result = result

@@ -43,6 +43,38 @@ def replaced(model: Model, **changes: object) -> Model:
     return type(model).model_validate({**model.__dict__, **changes})
 
 
+class Mount(BaseModel):
+    """A host path shown to the command at ``target`` (``--mount SRC:DST[:ro|rw]``):
+    read-only unless ``read_only=False``. Checked when the sandbox is made
+    (``sandboxrun.engine.mounts``): a missing source, a socket, an engine socket's directory,
+    kernel interfaces, a target over the workspace or a relative one are refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    target: str
+    read_only: bool = True
+
+    @classmethod
+    def parse(cls, spec: str) -> Mount:
+        """``SRC:DST[:ro|rw]`` (as ``docker run -v``; the last ``:`` before DST splits, so a
+        source may hold ``:``). ``ConfigError`` for anything else."""
+        from sandboxrun.errors import ConfigError
+
+        head, sep, mode = spec.rpartition(":")
+        if sep and mode in ("ro", "rw") and ":" in head:
+            spec = head
+        else:
+            mode = "ro"
+        source, sep, target = spec.rpartition(":")
+        if not sep or not source or not target:
+            raise ConfigError(f"invalid --mount {spec!r}: expected SRC:DST[:ro|rw]")
+        return cls(source=source, target=target, read_only=mode == "ro")
+
+    def shown(self) -> str:
+        return f"{self.source}:{self.target}:{'ro' if self.read_only else 'rw'}"
+
+
 class Policy(BaseModel):
     """What the command may touch. Each backend enforces what it can (``ExecResult.isolation``)."""
 
@@ -63,6 +95,16 @@ class Policy(BaseModel):
     mask_output: bool = True
     """Replace the values of secret-shaped variables given explicitly (``env=``, ``-e``) in the
     captured and live output with ``[masked:NAME]``."""
+    mounts: tuple[Mount, ...] = ()
+    """Host paths shown inside beside the workspace (``Mount``; ``"SRC:DST[:ro|rw]"`` strings
+    are parsed), on every backend; a secret path under a source stays masked."""
+
+    @field_validator("mounts", mode="before")
+    @classmethod
+    def _parse_mounts(cls, value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            return tuple(Mount.parse(v) if isinstance(v, str) else v for v in value)
+        return value
 
 
 class Limits(BaseModel):
@@ -71,7 +113,9 @@ class Limits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     timeout_s: float = Field(default=120.0, gt=0)
-    max_timeout_s: float = Field(default=600.0, gt=0)
+    max_timeout_s: float | None = Field(default=None, gt=0)
+    """The largest timeout a command may ask for (a larger one is refused, never shortened);
+    None: no ceiling. An operator's cap (``--max-timeout``, ``SANDBOXRUN_MAX_TIMEOUT``)."""
     grace_s: float = Field(default=3.0, ge=0, le=MAX_GRACE_S)
     drain_s: float = Field(default=2.0, ge=0)
     max_output: int = Field(default=DEFAULT_MAX_OUTPUT, ge=64)
@@ -117,7 +161,7 @@ class Limits(BaseModel):
 
     @model_validator(mode="after")
     def _timeout_within_cap(self) -> Limits:
-        if self.timeout_s > self.max_timeout_s:
+        if self.max_timeout_s is not None and self.timeout_s > self.max_timeout_s:
             raise ValueError(
                 f"timeout_s={self.timeout_s:g} is above max_timeout_s={self.max_timeout_s:g} "
                 "(a timeout is never shortened: raise max_timeout_s)"
@@ -131,7 +175,7 @@ class Limits(BaseModel):
         chosen = self.timeout_s if timeout_s is None else timeout_s
         if not math.isfinite(chosen) or chosen <= 0:
             raise ValueError(f"timeout must be a positive finite number of seconds, got {chosen}")
-        if chosen > self.max_timeout_s:
+        if self.max_timeout_s is not None and chosen > self.max_timeout_s:
             raise ValueError(
                 f"timeout={chosen:g} is above max_timeout_s={self.max_timeout_s:g} (a timeout "
                 "is never shortened: raise Limits.max_timeout_s to allow it)"

@@ -22,7 +22,7 @@ def test_the_sample_suite_passes(sandbox):
     assert "Ran 2 tests" in result.stderr
 
 
-@pytest.mark.sandboxrun(workspace="examples/sample-workspace", access="read-only")
+@pytest.mark.sandboxrun(workspace=str(SAMPLE), access="read-only")
 def test_the_workspace_can_be_read_only(sandbox):
     result = sandbox.exec(shell="cat wordcount.py > /dev/null && echo planted > planted.txt")
     assert result.status == "failed"

@@ -56,6 +56,7 @@ from sandboxrun.api.files_paths import (
     resolve,
     write_fd,
 )
+from sandboxrun.backends.secrets import secret_paths
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.errors import (
     BackendError,
@@ -94,6 +95,7 @@ class SandboxFiles:
         self.backend = backend
         self.workspace = workspace
         self.policy = policy
+        self._mask_cache: list[str] | None = None
         self.view = view = backend.view()
         self.docker = view.container is not None
         self.root = str(CONTAINER_ROOT) if self.docker else str(workspace.root)
@@ -246,10 +248,9 @@ class SandboxFiles:
         """Refuse a masked workspace file; give a file this process created to the docker
         sandbox's user (root here would leave root-owned files in the workspace)."""
         try:
-            if masked and self.policy.mask:
+            if masked:
                 real = str(Path(f"/proc/self/fd/{fd}").readlink())
-                for mask in self.policy.mask:
-                    hidden = os.path.realpath(mask)
+                for hidden in self._masks():
                     if real == hidden or real.startswith(hidden.rstrip("/") + "/"):
                         raise OSError(errno.EACCES, "it is masked by the policy")
             if created and self.docker and os.geteuid() == 0:
@@ -258,6 +259,15 @@ class SandboxFiles:
         except BaseException:
             os.close(fd)
             raise
+
+    def _masks(self) -> list[str]:
+        """The real paths no file call may open from this host: the policy's masks and the
+        host's built-in secret paths (``backends.secrets``; a workspace that is a home
+        directory holds some), as the sandbox's own commands see them masked."""
+        if self._mask_cache is None:
+            given = [*self.policy.mask, *map(str, secret_paths(os.environ))]
+            self._mask_cache = [os.path.realpath(mask) for mask in given]
+        return self._mask_cache
 
     def _open_in_container(self, target: Target, flags: int, mode: int) -> int:
         """Through ``/proc/<init>/root`` of a local engine's container: the container's mounts

@@ -1,6 +1,6 @@
 """Background jobs: a command started in a sandbox that runs on while the caller does more.
 
-``Sandbox.start`` returns a ``Job``. The job is an ordinary run (``Sandbox.run_request``: the
+``Sandbox.start`` returns a ``Job``. The job is an ordinary run (``Sandbox._run_request``: the
 same backend exec, isolation, refusal and diagnosis as ``exec``) in a task the sandbox owns; its
 output goes through the run's live sink into one ``JobLog`` per stream (``sandboxrun.api.joblog``),
 which the caller reads by byte offset while the job runs (``Job.read``, ``Job.read_lines``).
@@ -35,7 +35,7 @@ MAX_ENDED_JOBS = 16
 """``Sandbox.max_ended_jobs``' default: ended jobs a sandbox keeps (with their spill files)."""
 
 RunFn = Callable[[ExecRequest, anyio.CancelScope], Awaitable[ExecResult]]
-"""How a job runs its request: ``Sandbox.run_request`` with the job's own cancel scope."""
+"""How a job runs its request: ``Sandbox._run_request`` with the job's own cancel scope."""
 
 
 def _spawn(main: Callable[[], Coroutine[Any, Any, None]]) -> object:

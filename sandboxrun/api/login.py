@@ -161,7 +161,7 @@ class _State:
 class Logins:
     """One sandbox's login shells: the snapshots (or the chosen shell, ``each``) per key, the
     ``MAX_KEYS`` most recently used kept. ``base``: the environment a snapshot is taken with
-    (what ``Sandbox.prepare`` builds for a command adding no variables of its own; called per
+    (what ``Sandbox._prepare`` builds for a command adding no variables of its own; called per
     snapshot); ``explicit``: the sandbox's explicit names."""
 
     def __init__(

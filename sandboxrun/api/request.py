@@ -1,4 +1,4 @@
-"""One command validated into an ``ExecRequest`` (``Sandbox.prepare``): the checks of its
+"""One command validated into an ``ExecRequest`` (``Sandbox._prepare``): the checks of its
 argv, script, variables and workdir, and the request built from them and the sandbox's own
 options (``Defaults``). Nothing runs here and nothing is read but the workspace's paths: every
 bad input is a ``ConfigError`` naming it, before any process starts."""
@@ -16,7 +16,7 @@ from sandboxrun.engine.env import build_env
 from sandboxrun.engine.paths import Workspace
 from sandboxrun.engine.request import ExecRequest, LoginMode, Sink
 from sandboxrun.errors import ConfigError
-from sandboxrun.models import Limits, Policy
+from sandboxrun.models import Limits, Mount, Policy
 
 
 def check_encodable(value: str) -> None:
@@ -39,6 +39,22 @@ def check_mask(mask: str, root: Path) -> None:
             f"invalid --mask {mask!r}: it holds the workspace {str(root)!r}, which the command "
             "works in (mask a path inside it, or beside it)"
         )
+
+
+def checked_mounts(policy: Policy, root: Path) -> tuple[Mount, ...]:
+    """``policy.mounts`` checked (``engine.mounts.checked``) against the workspace ``root``
+    and the sockets no sandbox may reach; their sources resolved."""
+    from sandboxrun.backends.secrets import door_sockets, secret_paths
+    from sandboxrun.engine import mounts
+    from sandboxrun.engine.paths import CONTAINER_ROOT
+
+    return mounts.checked(
+        policy.mounts,
+        workspace=root,
+        inside=str(CONTAINER_ROOT),
+        sockets=door_sockets(os.environ),
+        secrets=[*secret_paths(os.environ), *map(Path, policy.mask)],
+    )
 
 
 def new_run_id() -> str:
@@ -77,7 +93,7 @@ def build(
     sink: Sink | None,
     idle_timeout: float | None,
 ) -> ExecRequest:
-    """The request of one command (``Sandbox.prepare`` documents the options)."""
+    """The request of one command (``Sandbox._prepare`` documents the options)."""
     if (argv is None) == (shell is None):
         raise ConfigError("give exactly one of an argv list or shell='script'")
     if shell is not None and "\0" in shell:

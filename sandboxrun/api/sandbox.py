@@ -9,16 +9,18 @@ cancellation after a shielded, bounded cleanup (the cancelled result is in ``las
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import inspect
 import logging
 import math
 import os
+import posixpath
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 import anyio
 import anyio.to_thread
@@ -31,6 +33,7 @@ from sandboxrun.api.login import Logins, NotRun
 from sandboxrun.api.shell import SHELL_ENV, Shell
 from sandboxrun.api.terminal import MAX_TERMINALS, Terminal
 from sandboxrun.engine import denial, results
+from sandboxrun.engine.argv import script_hint
 from sandboxrun.engine.capture import redact
 from sandboxrun.engine.capture.prune import auto_prune
 from sandboxrun.engine.capture.spill import SpillSession, default_spill_root
@@ -41,13 +44,28 @@ from sandboxrun.engine.pty import PtyControl
 from sandboxrun.engine.request import ExecRequest, LoginMode, Sink, StdinStream
 from sandboxrun.engine.results import RunFacts
 from sandboxrun.engine.run import run as run_engine
-from sandboxrun.errors import ConfigError, PolicyRefusedError
+from sandboxrun.errors import (
+    ConfigError,
+    InputError,
+    PolicyRefusedError,
+    SandboxFileError,
+    SandboxFileNotFoundError,
+    SandboxNotADirectoryError,
+    SandboxPermissionError,
+    SandboxUnavailableError,
+)
 from sandboxrun.models import ExecResult, Limits, Policy, Status, replaced, required_guarantees
+
+if TYPE_CHECKING:
+    from sandboxrun.detached.handle import DetachedSandbox
 
 log = logging.getLogger("sandboxrun")
 
 INTERACTIVE_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i; fi; exec sh -i"
 """What ``open_terminal`` runs without an argv (in the login shell: the profile applies)."""
+MKDIR = "/bin/mkdir"
+"""``write_file(parents=True)`` makes missing directories with it, by absolute path: never a
+``mkdir`` the workspace or a profile put first in PATH."""
 OPEN_TERMINAL_TIMEOUT_S = 30.0
 """``open_terminal`` returns by then (the login snapshot and the spawn have their own)."""
 
@@ -96,6 +114,10 @@ class Sandbox:
         self.policy = policy or Policy()
         for mask in self.policy.mask:
             prepared.check_mask(mask, self.workspace.root)
+        if self.policy.mounts:  # each source resolved, every refusal before anything starts
+            self.policy = replaced(
+                self.policy, mounts=prepared.checked_mounts(self.policy, self.workspace.root)
+            )
         self.limits = limits or Limits()
         self._requested = backend
         self._env = dict(env or {})
@@ -118,6 +140,7 @@ class Sandbox:
         self.user = user
         self.fallback_reason: str | None = None
         self.last_result: ExecResult | None = None
+        self._opened = False
         self.close_errors: list[str] = []
         """What closing could not clean up (a container the engine did not remove in time),
         one sentence each; also logged as warnings on the ``sandboxrun`` logger."""
@@ -190,7 +213,7 @@ class Sandbox:
             tuple(self._path_prepend),
         )
 
-    def choose_backend(self) -> tuple[backends.Backend, str | None]:
+    def _choose_backend(self) -> tuple[backends.Backend, str | None]:
         """Probe and create (not open) the backend; refuse docker-only options elsewhere. A
         backend given as an object (``sandboxrun.testing.FakeBackend``) is used as it is."""
         requested = self._requested
@@ -199,6 +222,13 @@ class Sandbox:
         else:
             backend, reason = requested, None
         if (self.image is not None or self.user is not None) and backend.name != "docker":
+            if requested == "auto":  # docker is what it needs: say why docker cannot, as -b docker
+                docker = backends.probe("docker", self.image, self.policy)
+                if not docker.available:
+                    raise SandboxUnavailableError(
+                        "docker",
+                        f"{docker.reason or 'unavailable'} (--image and --user run only on docker)",
+                    )
             why = f" ({reason})" if reason else ""
             raise ConfigError(
                 f"--image and --user need the docker backend, not {backend.name}{why}"
@@ -206,14 +236,103 @@ class Sandbox:
         return backend, reason
 
     async def __aenter__(self) -> Self:
-        backend, self.fallback_reason = await anyio.to_thread.run_sync(self.choose_backend)
-        if self._spill_owned:  # old spill files go first (throttled, bounded, never fails)
-            await anyio.to_thread.run_sync(auto_prune, self._spill_root())
+        return await self.open()
+
+    @classmethod
+    async def attach(cls, name: str, *, directory: Path | None = None) -> DetachedSandbox:
+        """The detached sandbox ``name`` (made by ``create(..., detach=True)`` or ``sandboxrun
+        create``) of this uid: a ``DetachedSandbox`` (``exec``, ``info``, ``remove``)."""
+        from sandboxrun.detached.handle import DetachedSandbox
+
+        return await DetachedSandbox.attach(name, directory=directory)
+
+    @overload
+    @classmethod
+    async def create(
+        cls,
+        workspace: str | os.PathLike[str] = ...,
+        *,
+        detach: Literal[False] = ...,
+        name: None = ...,
+        ttl: None = ...,
+        idle_ttl: None = ...,
+        **options: Any,
+    ) -> Sandbox: ...
+
+    @overload
+    @classmethod
+    async def create(
+        cls,
+        workspace: str | os.PathLike[str] = ...,
+        *,
+        detach: Literal[True],
+        name: str | None = ...,
+        ttl: float | None = ...,
+        idle_ttl: float | None = ...,
+        **options: Any,
+    ) -> DetachedSandbox: ...
+
+    @overload
+    @classmethod
+    async def create(
+        cls,
+        workspace: str | os.PathLike[str] = ...,
+        *,
+        detach: bool,
+        name: str | None = ...,
+        ttl: float | None = ...,
+        idle_ttl: float | None = ...,
+        **options: Any,
+    ) -> Sandbox | DetachedSandbox: ...
+
+    @classmethod
+    async def create(
+        cls,
+        workspace: str | os.PathLike[str] = ".",
+        *,
+        detach: bool = False,
+        name: str | None = None,
+        ttl: float | None = None,
+        idle_ttl: float | None = None,
+        **options: Any,
+    ) -> Sandbox | DetachedSandbox:
+        """An open sandbox. ``detach``: held by a keeper process of its own, so that it
+        outlives this process (until ``remove``, ``sandboxrun rm`` or its ``ttl`` /
+        ``idle_ttl`` in seconds); ``options``: ``Sandbox``'s (a ``DetachedSandbox`` takes
+        backend, policy, limits, env, pass_env, pass_proxy, path_prepend, image, user,
+        login_shell)."""
+        if not detach:
+            if name is not None or ttl is not None or idle_ttl is not None:
+                raise InputError("name, ttl and idle_ttl are for a detached sandbox (detach=True)")
+            return await cls(workspace, **options).open()
+        from sandboxrun.detached.handle import DetachedSandbox
+
+        return await DetachedSandbox.create(
+            workspace, name=name, ttl=ttl, idle_ttl=idle_ttl, **options
+        )
+
+    async def open(self) -> Self:
+        """Open the sandbox (what ``async with`` does): for a long-lived agent that holds it
+        outside one block; ``aclose()`` ends it. Opening one that is open, or was closed, is
+        refused (``RuntimeError``): a ``Sandbox`` is opened once. An open that failed (docker
+        not running yet, a refusal) released what it took and may be tried again."""
+        if self._closed is not None:
+            raise RuntimeError("this Sandbox was closed: a Sandbox is opened once")
+        if self._opened:
+            raise RuntimeError("this Sandbox was opened already: a Sandbox is opened once")
+        self._opened = True
         try:
-            await backend.open()
+            backend, self.fallback_reason = await anyio.to_thread.run_sync(self._choose_backend)
+            if self._spill_owned:  # old spill files go first (throttled, bounded, never fails)
+                await anyio.to_thread.run_sync(auto_prune, self._spill_root())
+            try:
+                await backend.open()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    self.close_errors += await backend.close()
+                raise
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                self.close_errors += await backend.close()
+            self._opened = False  # nothing is held: it may be opened again
             raise
         self._backend = backend
         self._open_spill()
@@ -236,7 +355,9 @@ class Sandbox:
             if self._closed is not None:  # another aclose() is at work: wait for its end
                 await self._closed.wait()
                 return
-            if self._backend is None:
+            if self._backend is None:  # never opened (or its open failed): closed for good
+                self._closed = anyio.Event()
+                self._closed.set()
                 return
             self._closed = closed = anyio.Event()
             try:
@@ -289,12 +410,41 @@ class Sandbox:
         data: bytes | bytearray | memoryview,
         *,
         mode: int = 0o644,
+        parents: bool = False,
     ) -> None:
         """Create or replace the regular file ``path`` in the sandbox with ``data``, as the
         sandbox would (its credentials, its read-only paths). ``mode``: the permission bits of
         a new file (less the sandbox's umask; an existing file keeps its own). The directory
-        must exist. Errors as ``read_file``."""
+        must exist, unless ``parents``: then the missing ones are made first, as the sandbox
+        would make them (``mkdir -p`` in it: its uid, umask and read-only paths). Errors as
+        ``read_file``."""
+        try:
+            await self._files().write_file(path, data, mode)
+            return
+        except SandboxFileNotFoundError:
+            parent = posixpath.dirname(os.fspath(path))
+            if not parents or parent in ("", ".", "/"):
+                raise
+        await self._make_dirs(parent, os.fspath(path))
         await self._files().write_file(path, data, mode)
+
+    async def _make_dirs(self, parent: str, path: str) -> None:
+        """``mkdir -p -- parent`` in the sandbox; a failure is the ``SandboxFileError`` of
+        what it said (``path``: the file that was to be written)."""
+        result = await self.exec([MKDIR, "-p", "--", parent], timeout=60)
+        if result.status == "completed":
+            return
+        said = (result.stderr.strip() or result.error or result.status)[-500:]
+        message = f"cannot create the directory {parent!r} for {path!r}: {said}"
+        for words, kind, code in (
+            ("permission denied", SandboxPermissionError, errno.EACCES),
+            ("read-only file system", SandboxPermissionError, errno.EROFS),
+            ("not a directory", SandboxNotADirectoryError, errno.ENOTDIR),
+            ("file exists", SandboxNotADirectoryError, errno.ENOTDIR),
+        ):
+            if words in said.lower():
+                raise kind(message, path, code)
+        raise SandboxFileError(message, path, errno.EIO)
 
     async def list_dir(
         self, path: str | os.PathLike[str] = ".", *, max_entries: int = files.DEFAULT_MAX_ENTRIES
@@ -304,7 +454,7 @@ class Sandbox:
         more than ``max_entries`` is a ``SandboxFileError``."""
         return await self._files().list_dir(path, max_entries=max_entries)
 
-    def prepare(
+    def _prepare(
         self,
         argv: Sequence[str] | None = None,
         *,
@@ -394,7 +544,7 @@ class Sandbox:
 
         ``idle_timeout``: seconds without a byte of output after which the run ends as
         ``timed_out`` with ``timeout_kind="idle"`` (overrides ``Limits.idle_timeout_s``)."""
-        request = self.prepare(
+        request = self._prepare(
             argv,
             shell=shell,
             workdir=workdir,
@@ -406,7 +556,7 @@ class Sandbox:
             sink=sink,
             idle_timeout=idle_timeout,
         )
-        result = await self.run_request(request)
+        result = await self._run_request(request)
         if escalate is None:
             return result
         return await self._escalate(result, request, escalate)
@@ -430,7 +580,7 @@ class Sandbox:
         sandbox closes. ``timeout`` None: no wall-clock limit (else checked like ``exec``'s);
         ``idle_timeout``: only the job's own (``Limits.idle_timeout_s`` does not apply).
         ``stdin``: False ``/dev/null``, bytes as ``exec``, True fed by ``job.write_stdin``."""
-        request = self.prepare(
+        request = self._prepare(
             argv,
             shell=shell,
             workdir=workdir,
@@ -446,7 +596,7 @@ class Sandbox:
         backend = self.backend
         job = Job(request, backend=backend.name, stdin=stream, sink=sink, on_end=self._job_ended)
         self._jobs.append(job)
-        job.launch(self.run_request)
+        job.launch(self._run_request)
         return job
 
     async def open_terminal(
@@ -476,7 +626,7 @@ class Sandbox:
                 "close one first"
             )
         control = PtyControl(rows, cols, term)
-        request = self.prepare(
+        request = self._prepare(
             argv,
             shell=INTERACTIVE_SHELL if argv is None else None,
             workdir=workdir,
@@ -492,7 +642,7 @@ class Sandbox:
         backend = self.backend
         terminal = Terminal(request, backend=backend.name, on_end=self._terminal_ended)
         self._terminals.append(terminal)
-        terminal.job.launch(self.run_request)
+        terminal.job.launch(self._run_request)
         try:
             with anyio.move_on_after(OPEN_TERMINAL_TIMEOUT_S):
                 async with anyio.create_task_group() as tg:
@@ -612,7 +762,7 @@ class Sandbox:
         for old in ended[: max(0, len(ended) - max(0, self.max_ended_jobs))]:
             self.forget(old)
 
-    def escalated(self, request: ExecRequest, policy: Policy) -> tuple[Sandbox, ExecRequest]:
+    def _escalated(self, request: ExecRequest, policy: Policy) -> tuple[Sandbox, ExecRequest]:
         """A fresh, unopened ``Sandbox`` like this one (workspace, requested backend, limits,
         env options, image, user) but under ``policy``, and ``request`` re-made for it (same
         command, environment, workdir, stdin and sink; a new run id). A backend given as an
@@ -658,14 +808,14 @@ class Sandbox:
             answer = await answer
         if not answer or self._closed is not None or self._backend is None:
             return result
-        widened, again = self.escalated(request, found.escalate_to)
+        widened, again = self._escalated(request, found.escalate_to)
         scope, done = anyio.CancelScope(), anyio.Event()
         self._inflight[scope] = done
         rerun: ExecResult | None = None
         try:
             with scope:
                 async with widened:
-                    rerun = await widened.run_request(again)
+                    rerun = await widened._run_request(again)
         finally:
             del self._inflight[scope]
             done.set()
@@ -682,6 +832,10 @@ class Sandbox:
     def _diagnose(self, result: ExecResult, request: ExecRequest) -> ExecResult:
         """``result`` with ``denial`` set when the sandbox refused something or a limit was hit
         (``sandboxrun.engine.denial``); diagnosis never fails a run."""
+        if result.status == "spawn_error" and result.exit_code == 127:
+            hint = script_hint(request.argv)
+            if hint is not None:
+                return results.amend(result, error=f"{result.error}; {hint}")
         if result.status not in denial.DIAGNOSED:
             return result
         try:
@@ -692,7 +846,7 @@ class Sandbox:
             return result
         return result if found is None else results.amend(result, denial=found)
 
-    async def run_request(
+    async def _run_request(
         self, request: ExecRequest, scope: anyio.CancelScope | None = None
     ) -> ExecResult:
         """Run a prepared request. ``scope``: the run's own cancel scope (a job's: cancelling

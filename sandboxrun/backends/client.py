@@ -54,18 +54,24 @@ def _spawn_runner(
     sock: socket.socket, plan: LocalPlan | None, holder: bool = False
 ) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-I", "-S", str(RUNNER), str(sock.fileno())]
+    pinned: dict[str, int] = {}
     if plan is not None and not plan.off:
         argv.append(json.dumps({**plan.confine(), "holder": holder}))
         if plan.namespaces:
-            argv = plan.bwrap_argv(argv)
-    return subprocess.Popen(
-        argv,
-        pass_fds=[sock.fileno()],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        env={},  # the runner needs nothing from the host environment (secrets stay out)
-        start_new_session=True,  # terminal signals (Ctrl-C) go to the host only
-    )
+            pinned = plan.pin_mounts()  # the mounts' sources, bound by fd (no swap after a check)
+            argv = plan.bwrap_argv(argv, pinned)
+    try:
+        return subprocess.Popen(
+            argv,
+            pass_fds=[sock.fileno(), *pinned.values()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env={},  # the runner needs nothing from the host environment (secrets stay out)
+            start_new_session=True,  # terminal signals (Ctrl-C) go to the host only
+        )
+    finally:
+        for fd in pinned.values():  # bwrap has its own copies (it closes them once bound)
+            os.close(fd)
 
 
 @dataclass
@@ -217,6 +223,9 @@ class RunnerClient:
         except OSError as exc:
             parent.close()
             raise BackendError(f"cannot start the process-group runner: {exc}") from exc
+        except BaseException:  # a refusal (a mount's source changed): nothing is left open
+            parent.close()
+            raise
         finally:
             child.close()
         await self._await_ready(parent, "the process-group runner")

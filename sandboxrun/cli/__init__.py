@@ -19,9 +19,16 @@ from typing import Any
 
 import typer
 
-from sandboxrun.cli import admin, app, image, run, shell  # registers the commands on cli.app
+from sandboxrun.cli import (
+    admin,
+    app,
+    detached,
+    image,
+    run,
+    shell,
+)  # registers the commands on cli.app
 
-__all__ = ["admin", "image", "main", "run", "shell"]
+__all__ = ["admin", "detached", "image", "main", "run", "shell"]
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:
@@ -59,14 +66,18 @@ def _json_asked(ctx: Any, argv: Sequence[str]) -> bool:
 
 def _command_line_error(exc: BaseException, argv: Sequence[str]) -> int:
     """Say a click error in sandboxrun's one style (and as JSON after ``--json``): its status."""
-    from sandboxrun.cli.report import fail
+    from sandboxrun.cli.options import TTY_HABIT, tty_habit
+    from sandboxrun.cli.report import EXIT_USAGE, fail
 
     status = int(getattr(exc, "exit_code", 2))
-    if type(exc).__name__ == "NoArgsIsHelpError":  # bare `sandboxrun`: the help, as click does
+    usage = status == 2  # click's status for a usage error: sandboxrun's own, 125
+    if usage:
+        status = EXIT_USAGE
+    if type(exc).__name__ == "NoArgsIsHelpError":  # bare `sandboxrun`: the help, as docker's
         show = getattr(exc, "show", None)
         if callable(show):
             show()
-        return status
+        return 0
     ctx = getattr(exc, "ctx", None)
     format_message = getattr(exc, "format_message", None)
     message = str(format_message() if callable(format_message) else exc).strip().rstrip(".")
@@ -77,18 +88,43 @@ def _command_line_error(exc: BaseException, argv: Sequence[str]) -> int:
     names: list[str] = list(getattr(param, "opts", None) or []) if is_option else []
     option = max(names, key=len) if names else None
     hint = f"Try '{ctx.command_path} --help' for help." if ctx is not None else None
+    if type(exc).__name__ == "NoSuchOption":
+        message, hint = _unknown_option(exc, ctx, hint)
+    if ctx is not None and str(ctx.command_path).endswith(" run") and tty_habit(argv):
+        hint = TTY_HABIT
     json_out = ctx is not None and _json_asked(ctx, argv)
-    kind = "UsageError" if status == 2 else type(exc).__name__
+    kind = "UsageError" if usage else type(exc).__name__
     return fail(status, message, json_out=json_out, kind=kind, hint=hint, option=option).exit_code
+
+
+def _unknown_option(exc: BaseException, ctx: Any, hint: str | None) -> tuple[str, str | None]:
+    """``no such option: --x``, with the options it may have meant (``close_options``: real
+    ones, never click's far guesses) and, for a ``docker run`` habit, what it is here."""
+    from sandboxrun.cli.options import DOCKER_HABITS, close_options
+
+    word = str(getattr(exc, "option_name", "") or "")
+    known = [n for p in getattr(getattr(ctx, "command", None), "params", []) for n in p.opts]
+    close = close_options(word, known)
+    message = f"no such option: {word}"
+    if close:
+        message += f" (did you mean {' or '.join(close)}?)"
+    return message, DOCKER_HABITS.get(word.split("=", 1)[0], hint)
 
 
 def main(args: Sequence[str] | None = None) -> None:
     """The ``sandboxrun`` console script (``args``: the words after the program name)."""
     from sandboxrun.cli.options import assignments_in
-    from sandboxrun.cli.report import use_secrets
+    from sandboxrun.cli.report import use_command_line, use_secrets
 
     argv = list(sys.argv[1:] if args is None else args)
     use_secrets(assignments_in(argv))  # until `run` knows its -e values: click's errors too
+    use_command_line(argv)
+    if argv[:1] == ["exec"]:  # its fast path: typer's own parsing costs ~150 ms
+        from sandboxrun.cli.exec_args import parse
+
+        parsed = parse(argv[1:])
+        if parsed is not None:
+            sys.exit(detached.exec_main(parsed))
     try:
         code = app.app(args=argv, prog_name="sandboxrun", standalone_mode=False)
     except _click_errors() as exc:

@@ -175,7 +175,7 @@ def ps(
         raise typer.Exit(1)
 
 
-def _clean_spill(root: Path, older_than: str | None, max_total: str | None) -> str:
+def _clean_spill(root: Path, older_than: str | None, max_total: str | None, dry_run: bool) -> str:
     from sandboxrun.cli.admin_text import spill_line
     from sandboxrun.engine.capture.prune import caps_from_env, parse_age, parse_total, prune
     from sandboxrun.units import format_duration, format_size
@@ -185,7 +185,7 @@ def _clean_spill(root: Path, older_than: str | None, max_total: str | None) -> s
         caps = dataclasses.replace(caps, max_age_s=parse_age(older_than, what="--older-than"))
     if max_total is not None:
         caps = dataclasses.replace(caps, max_total=parse_total(max_total, what="--max-total"))
-    report = prune(root, caps)
+    report = prune(root, caps, dry_run=dry_run)
     shown = (
         "off" if caps.max_age_s is None else format_duration(caps.max_age_s),
         "off" if caps.max_total is None else format_size(caps.max_total),
@@ -198,12 +198,13 @@ def _clean_spill(root: Path, older_than: str | None, max_total: str | None) -> s
         report.left_bytes,
         shown,
         complete=report.complete,
+        dry_run=dry_run,
     )
 
 
-def _clean_scopes(all_: bool, verbose: bool) -> bool:
-    """Stop the managed scopes whose owner is gone (``all_``: every one); False on a failure
-    (said on stderr)."""
+def _clean_scopes(all_: bool, verbose: bool, dry_run: bool) -> bool:
+    """Stop the managed scopes whose owner is gone (``all_``: every one; ``dry_run``: only
+    name them); False on a failure (said on stderr)."""
     from sandboxrun.backends import housekeeping
     from sandboxrun.backends.registry import probe
 
@@ -214,20 +215,24 @@ def _clean_scopes(all_: bool, verbose: bool) -> bool:
         return True
     try:
         scopes = [s for s in housekeeping.list_scopes() if all_ or not s.owner_alive]
-        for scope in scopes:
+        for scope in [] if dry_run else scopes:
             housekeeping.stop_scope(scope.unit)
     except BackendError as exc:
         _problem(f"scopes: failed ({exc})")
         return False
-    sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
+    if dry_run:
+        names = "".join(f" {scope.unit}" for scope in scopes)
+        sys.stdout.write(f"would stop {len(scopes)} scope(s){':' if names else ''}{names}\n")
+    else:
+        sys.stdout.write(f"stopped {len(scopes)} scope(s)\n")
     return True
 
 
-def _clean_containers(all_: bool, verbose: bool) -> bool:
+def _clean_containers(all_: bool, verbose: bool, dry_run: bool) -> bool:
     """Remove the managed containers whose owner is gone (``all_``: every one); one already
     gone or being removed (it removes itself once its supervisor sees its owner die) counts
-    as removed, and one that fails does not stop the others. False on a failure (said on
-    stderr)."""
+    as removed, and one that fails does not stop the others (``dry_run``: only name them).
+    False on a failure (said on stderr)."""
     from sandboxrun.backends import housekeeping
     from sandboxrun.backends.docker import api as dockerapi
 
@@ -237,6 +242,11 @@ def _clean_containers(all_: bool, verbose: bool) -> bool:
     removed, ok = 0, True
     try:
         gone = [row for row in housekeeping.list_managed(client) if all_ or not row.owner_alive]
+        if dry_run:
+            names = "".join(f" {row.id[:12]}" for row in gone)
+            colon = ":" if names else ""
+            sys.stdout.write(f"would remove {len(gone)} container(s){colon}{names}\n")
+            return True
         for row in gone:
             try:
                 with contextlib.suppress(dockerapi.NotFoundError):  # removed meanwhile
@@ -261,7 +271,7 @@ def clean(
         typer.Option(
             "--older-than",
             metavar="AGE",
-            help="spill age cap: a bare number is hours (24), else 90m, 36h; 'off' for none "
+            help="spill age cap: 90m, 36h (a bare number is seconds); 'off' for none "
             "[default: $SANDBOXRUN_SPILL_MAX_AGE, else 24h]",
             show_default=False,
         ),
@@ -284,25 +294,65 @@ def clean(
         ),
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every managed container/scope")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="say what would be removed, remove nothing")
+    ] = False,
     verbose: Annotated[bool, VERBOSE] = False,
 ) -> None:
     """Remove managed containers and stop scopes whose owner is gone (--all: every one), and
     prune the spill root to its caps (the files of open sandboxes are never touched). An
     unavailable backend is skipped silently (said with -v); an available one that fails is
     said on stderr and the exit status is 1."""
+    from sandboxrun.cli import settings
     from sandboxrun.engine.capture.spill import default_spill_root
 
     failed = False
     try:
-        sys.stdout.write(_clean_spill(spill_dir or default_spill_root(), older_than, max_total))
+        settings.export_spill_caps(settings.in_force({}))  # a project's caps, under the flags
+        root = spill_dir or default_spill_root()
+        sys.stdout.write(_clean_spill(root, older_than, max_total, dry_run))
         sys.stdout.write("\n")
     except ConfigError as exc:
         raise fail(EXIT_USAGE, str(exc)) from None
     except OSError as exc:
         failed = True
         _problem(f"spill: failed ({exc})")
-    failed = not _clean_scopes(all_, verbose) or failed
-    failed = not _clean_containers(all_, verbose) or failed
+    failed = not _clean_scopes(all_, verbose, dry_run) or failed
+    failed = not _clean_containers(all_, verbose, dry_run) or failed
     sys.stdout.flush()
     if failed:
         raise typer.Exit(1)
+
+
+@app.command("config")
+def config_(
+    json_out: Annotated[
+        bool, typer.Option("--json", help="one JSON object: the file, and each setting")
+    ] = False,
+) -> None:
+    """Print the settings in force for `run` here (and `clean`'s spill caps), and where each
+    came from: the command line, a SANDBOXRUN_* variable, the project's sandboxrun.toml or
+    pyproject.toml [tool.sandboxrun] (the first found from this directory up; a project's
+    file cannot widen the sandbox), or the default."""
+    import os
+
+    from sandboxrun.cli import settings
+
+    try:
+        found = settings.find_file(Path.cwd(), os.environ)
+        project = None if found is None else settings.read_file(found)
+        values = settings.resolve({}, os.environ, project)
+    except ConfigError as exc:
+        raise fail(EXIT_USAGE, str(exc), json_out=json_out, kind="ConfigError") from None
+    where = "none" if project is None else project.where
+    if json_out:
+        shown = {k: {"value": v.value, "source": v.source} for k, v in values.items()}
+        sys.stdout.write(json.dumps({"file": where, "settings": shown}) + "\n")
+        return
+    if project is None:
+        where = (
+            f"none (no {settings.FILE_NAME}, nor {settings.PYPROJECT} with [tool.sandboxrun], "
+            f"from {Path.cwd()} up; {settings.CONFIG_VAR} names one)"
+        )
+    sys.stdout.write(f"settings file: {where}\n")
+    sys.stdout.write("".join(line + "\n" for line in settings.lines(values)))

@@ -67,12 +67,15 @@ def spill_line(
     caps: tuple[str, str],
     *,
     complete: bool = True,
+    dry_run: bool = False,
 ) -> str:
-    """``clean``'s line about the spill root: what went, what stays, under which caps."""
+    """``clean``'s line about the spill root: what went (``dry_run``: would go), what stays,
+    under which caps."""
     noun = "directory" if removed == 1 else "directories"
     age, total = caps
+    verb = "would remove" if dry_run else "removed"
     return (
-        f"spill: removed {removed} {noun} ({format_bytes(freed)}) from {root}; "
+        f"spill: {verb} {removed} {noun} ({format_bytes(freed)}) from {root}; "
         f"{in_use} in use, {format_bytes(left)} left (caps: age {age}, total {total})"
         + ("" if complete else "; stopped early, run it again")
     )

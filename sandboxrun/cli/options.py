@@ -18,7 +18,6 @@ from sandboxrun.errors import ConfigError
 from sandboxrun.units import format_duration, format_size, parse_duration, parse_size
 
 DEFAULT_TIMEOUT_S = 120.0
-DEFAULT_MAX_TIMEOUT_S = 600.0
 DEFAULT_GRACE_S = 3.0
 MAX_GRACE_S = 600.0
 MIN_MAX_OUTPUT = 64
@@ -34,7 +33,7 @@ class RunLimits:
     """``run``'s limit options, validated; ``Limits(**vars(...))`` takes them as they are."""
 
     timeout_s: float
-    max_timeout_s: float
+    max_timeout_s: float | None
     idle_timeout_s: float | None
     grace_s: float
     max_output: int
@@ -44,21 +43,18 @@ class RunLimits:
     pids: int | None
 
 
-def check_timeout(timeout: str | None, max_timeout: str | None) -> tuple[float, float]:
-    """``(timeout_s, max_timeout_s)``. A timeout above the cap is refused, never clamped; the
-    default timeout is 120 s, or the cap when ``--max-timeout`` is lower."""
-    cap = (
-        DEFAULT_MAX_TIMEOUT_S
-        if max_timeout is None
-        else parse_duration(max_timeout, what="--max-timeout")
-    )
+def check_timeout(timeout: str | None, max_timeout: str | None) -> tuple[float, float | None]:
+    """``(timeout_s, max_timeout_s)``. Any timeout is accepted unless an operator set a cap
+    (``--max-timeout``, ``SANDBOXRUN_MAX_TIMEOUT``): above it, it is refused, never clamped.
+    The default timeout is 120 s, or the cap when that is lower."""
+    cap = None if max_timeout is None else parse_duration(max_timeout, what="--max-timeout")
     if timeout is None:
-        return min(DEFAULT_TIMEOUT_S, cap), cap
+        return (DEFAULT_TIMEOUT_S if cap is None else min(DEFAULT_TIMEOUT_S, cap)), cap
     seconds = parse_duration(timeout, what="--timeout")
-    if seconds > cap:
+    if cap is not None and seconds > cap:
         raise ConfigError(
-            f"--timeout {timeout.strip()} is above the maximum of {format_duration(cap)}; "
-            f"pass --max-timeout {format_duration(seconds)} (or more) to allow it"
+            f"--timeout {timeout.strip()} is above the maximum of {format_duration(cap)} "
+            f"(--max-timeout or SANDBOXRUN_MAX_TIMEOUT); a larger --max-timeout allows it"
         )
     return seconds, cap
 
@@ -194,3 +190,42 @@ def option_named(message: str) -> str | None:
     be ...``, ``invalid --cpus ...``), for the ``--json`` error object; else None."""
     match = _OPTION.match(message)
     return None if match is None else match.group(1)
+
+
+TTY_HABIT = (
+    "-t is --timeout here (a DURATION), not docker's terminal flag: for an interactive shell "
+    "use `sandboxrun shell [COMMAND]`; -i alone forwards stdin"
+)
+DOCKER_HABITS = {
+    "--rm": "sandboxrun run always removes its sandbox when the command ends: drop --rm",
+    "-d": "sandboxrun run waits for its command and removes the sandbox when it ends",
+    "--detach": "sandboxrun run waits for its command and removes the sandbox when it ends",
+    "-u": "the user is --user UID[:GID]",
+    "--pids-limit": "the process limit is --pids N",
+    "--tty": TTY_HABIT,
+    "-it": TTY_HABIT,
+    "-ti": TTY_HABIT,
+}
+"""What ``docker run``'s options that ``run`` lacks are here, for the error naming one."""
+
+
+def close_options(word: str, known: Collection[str]) -> list[str]:
+    """The options a mistyped ``word`` may have meant, best first: those it is the start of
+    (``--time`` -> ``--timeout``) and those within a small edit of it (``--tiemout``,
+    ``--memroy``); none rather than a far one (``--bogus`` suggests nothing)."""
+    import difflib
+
+    bare = word.lstrip("-").split("=", 1)[0].lower()
+    if not bare:
+        return []
+    names = {name.lstrip("-"): name for name in known if name.startswith("--")}
+    starts = [names[n] for n in sorted(names) if len(bare) >= 3 and n.startswith(bare)]
+    near = [names[n] for n in difflib.get_close_matches(bare, list(names), n=3, cutoff=0.75)]
+    return list(dict.fromkeys([*starts, *near]))[:3]
+
+
+def tty_habit(words: Sequence[str]) -> bool:
+    """Whether the options of a command's ``words`` (before ``--``) use docker's ``-it``/``-ti``
+    or ``--tty``: here ``-t`` is ``--timeout`` and takes the next word as its DURATION."""
+    options = words[: list(words).index("--")] if "--" in words else words
+    return any(word in ("-it", "-ti", "--tty") for word in options)

@@ -27,8 +27,11 @@ if TYPE_CHECKING:
     from sandboxrun.cli.terminal import StreamStats
     from sandboxrun.models import ExecResult
 
-EXIT_USAGE = 2
 EXIT_SANDBOX = 125
+EXIT_USAGE = EXIT_SANDBOX
+"""sandboxrun's own errors, its command line's included, exit 125 as ``docker run``'s and GNU
+``timeout``'s do: 1 and 2 stay the command's own (``make``, ``pytest``), 126/127 a command
+that cannot run."""
 EXIT_CANCELLED = 130
 KEEP_SPILL_HINT = "full stream not kept; --keep-spill keeps it"
 
@@ -49,6 +52,19 @@ def exit_status(result: ExecResult) -> int:
         known = signal.Signals.__members__.get(result.signal)
         return 128 + (int(known) if known is not None else 0)
     return result.exit_code if result.exit_code is not None else EXIT_SANDBOX
+
+
+_command_line: list[str] = []
+"""The words after ``sandboxrun`` (set by ``cli.main``), for hints about how they were meant."""
+
+
+def use_command_line(argv: Iterable[str]) -> None:
+    _command_line[:] = list(argv)
+
+
+def command_line() -> list[str]:
+    """The words after ``sandboxrun`` of this process's command line (``cli.main``'s)."""
+    return list(_command_line)
 
 
 _masking: list[Redactor | None] = [None]

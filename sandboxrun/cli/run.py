@@ -8,17 +8,26 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, cast
 
 import typer
 from typer.core import TyperCommand
 
+from sandboxrun.cli import settings
 from sandboxrun.cli.app import app
-from sandboxrun.cli.options import check_run_limits, option_named
+from sandboxrun.cli.env_input import explicit_env
+from sandboxrun.cli.options import (
+    TTY_HABIT,
+    RunLimits,
+    check_run_limits,
+    option_named,
+    tty_habit,
+)
 from sandboxrun.cli.report import (
     EXIT_CANCELLED,
     EXIT_SANDBOX,
     EXIT_USAGE,
+    command_line,
     denial_line,
     exit_status,
     fail,
@@ -30,7 +39,6 @@ from sandboxrun.cli.report import (
     write_out,
 )
 from sandboxrun.engine.argv import quote_argv
-from sandboxrun.engine.env import parse_env_assignment
 from sandboxrun.errors import (
     BackendError,
     InputError,
@@ -57,6 +65,95 @@ OPTION_OF = {
     "pids": "--pids",
 }
 """The option behind a ``Limits`` field, for error messages."""
+
+
+def checked_limits(values: dict[str, settings.Value]) -> RunLimits:
+    """The limits among the settings in force, checked with the flags' messages (a bad value
+    names where it came from: a flag, a variable, a project file)."""
+    got = {key: value.value for key, value in values.items()}
+    try:
+        return check_run_limits(
+            timeout=None if values["timeout"].source == "default" else got["timeout"],
+            max_timeout=got["max_timeout"],
+            idle_timeout=got["idle_timeout"],
+            grace=settings.required(values, "grace"),
+            max_output=settings.required(values, "max_output"),
+            spill_max=settings.required(values, "spill_max"),
+            memory=got["memory"],
+            cpus=got["cpus"],
+            pids=got["pids"],
+            host_cpus=os.cpu_count(),
+        )
+    except InputError as exc:
+        raise type(exc)(settings.blame(str(exc), values)) from None
+
+
+def image_in_force(values: dict[str, settings.Value], image_from: Path | None) -> str | None:
+    """The ``image`` setting, or None under ``--image-from`` (built by ``built_image`` once
+    everything else is checked). ``--image`` and ``--image-from`` together are refused, as is
+    ``--image-from`` on a local backend; a project file's ``image`` yields to it."""
+    image = values["image"]
+    if image_from is None:
+        return image.value
+    if image.value is not None and image.source == "command line":
+        raise InputError("--image and --image-from: give one of them")
+    backend = values["backend"].value
+    if backend not in (None, "auto", "docker"):
+        raise InputError(f"--image-from needs the docker backend, not {backend}")
+    from sandboxrun.image import source
+
+    source.source(image_from)  # a path that cannot be built from is refused now
+    return None
+
+
+def built_image(
+    image_from: Path,
+    user: str | None,
+    *,
+    workspace: Path,
+    policy: Policy,
+    dry_run: bool = False,
+) -> str | None:
+    """``--image-from PATH`` built (or reused) now, its progress on stderr; ``--dry-run``: the
+    tag when it is built already, nothing built. Called last, once every other input is
+    checked, the docker backend's own refusals of ``workspace`` and the mounts included (a bad
+    ``--user`` is refused before minutes of build)."""
+    from sandboxrun.backends.docker.backend import precheck
+    from sandboxrun.backends.docker.config import parse_user
+    from sandboxrun.image import source
+
+    if user is not None:
+        parse_user(user)
+    precheck(workspace, policy)
+
+    if dry_run:
+        return _planned_image(source.planned_tag(image_from))
+    from sandboxrun.image.progress import Display
+
+    with Display("image build") as display:
+        try:
+            made = source.build_from(image_from, display)
+        except BaseException:
+            display.failed()
+            raise
+        if not made.reused:
+            display.done(f"made {made.tag} with {made.how}")
+    return made.tag
+
+
+def _planned_image(tag: str) -> str | None:
+    """``--dry-run --image-from``: the image's tag when it is built already; else the default
+    image stands in (the argv is the same; nothing is built by a dry run), and it is said."""
+    from sandboxrun.backends.docker import api as dockerapi
+
+    client = dockerapi.connect()
+    try:
+        if dockerapi.inspect_image(client, tag) is not None:
+            return tag
+    finally:
+        client.close()
+    say(f"sandboxrun: --dry-run: {tag} is not built yet (a run builds it): shown on the default")
+    return None
 
 
 def _is_tty(fd: int) -> bool:
@@ -111,7 +208,7 @@ async def _execute(sb: Sandbox, request: ExecRequest, interactive: bool) -> Exec
         with work:
             try:
                 async with sb:
-                    result = await sb.run_request(request)
+                    result = await sb._run_request(request)
             except SandboxrunError as exc:  # raised after the task group, unwrapped
                 error = exc
         tg.cancel_scope.cancel()
@@ -135,7 +232,8 @@ def _error_exit(exc: BaseException, json_out: bool) -> typer.Exit:
         )
     if isinstance(exc, InputError):
         option = option_named(str(exc))
-        return fail(EXIT_USAGE, str(exc), json_out=json_out, kind=kind, option=option)
+        hint = TTY_HABIT if option == "--timeout" and tty_habit(command_line()) else None
+        return fail(EXIT_USAGE, str(exc), json_out=json_out, kind=kind, option=option, hint=hint)
     if isinstance(exc, PolicyRefusedError):
         return fail(
             EXIT_SANDBOX,
@@ -195,47 +293,56 @@ def run(
         ),
     ] = None,
     backend: Annotated[
-        Backend,
+        Backend | None,
         typer.Option(
             "-b",
             "--backend",
             metavar="BACKEND",
             help="docker, systemd-scope or process-group; auto: the first of them that is "
-            "available (a named backend never falls back)",
+            "available (a named backend never falls back) (default: auto)",
+            show_default=False,
         ),
-    ] = "auto",
+    ] = None,
     policy: Annotated[
-        Access,
+        Access | None,
         typer.Option(
             "--policy",
             metavar="POLICY",
             help="read-only (workspace and system read-only), workspace-write (the workspace "
-            "is writable) or danger-full-access (no isolation)",
+            "is writable) or danger-full-access (no isolation) (default: workspace-write)",
+            show_default=False,
         ),
-    ] = "workspace-write",
+    ] = None,
     network: Annotated[
-        Literal["none", "on"],
-        typer.Option("--network", metavar="none|on", help="none: no network; on: network"),
-    ] = "none",
+        Literal["none", "on"] | None,
+        typer.Option(
+            "--network",
+            metavar="none|on",
+            help="none: no network; on: network (default: none)",
+            show_default=False,
+        ),
+    ] = None,
     timeout: Annotated[
         str | None,
         typer.Option(
             "-t",
             "--timeout",
             metavar="DURATION",
-            help="wall-clock limit, then TERM, --grace, KILL and exit 124 (default: 120s, or "
-            "--max-timeout when lower)",
+            help="wall-clock limit, then TERM, --grace, KILL and exit 124; any DURATION "
+            "(default: 120s, or --max-timeout when lower)",
             show_default=False,
         ),
     ] = None,
     max_timeout: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--max-timeout",
             metavar="DURATION",
-            help="the largest --timeout accepted: a larger one is refused, never shortened",
+            help="an operator's cap: a larger --timeout is refused, never shortened "
+            "(default: none)",
+            show_default=False,
         ),
-    ] = "10m",
+    ] = None,
     idle_timeout: Annotated[
         str | None,
         typer.Option(
@@ -247,29 +354,34 @@ def run(
         ),
     ] = None,
     grace: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--grace",
             metavar="DURATION",
-            help="time between TERM and KILL when the run is stopped (0 to 10m)",
+            help="time between TERM and KILL when the run is stopped (0 to 10m) (default: 3s)",
+            show_default=False,
         ),
-    ] = "3s",
+    ] = None,
     max_output: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--max-output",
             metavar="SIZE",
-            help="bytes of each stream the result keeps in memory, head + tail (at least 64)",
+            help="bytes of each stream the result keeps in memory, head + tail (at least 64) "
+            "(default: 64k)",
+            show_default=False,
         ),
-    ] = "64k",
+    ] = None,
     spill_max: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--spill-max",
             metavar="SIZE",
-            help="cap of each stream's spill file, which holds the full output (0: none)",
+            help="cap of each stream's spill file, which holds the full output (0: none) "
+            "(default: 64m)",
+            show_default=False,
         ),
-    ] = "64m",
+    ] = None,
     keep_spill: Annotated[
         bool,
         typer.Option(
@@ -283,9 +395,19 @@ def run(
         typer.Option(
             "-e",
             "--env",
-            metavar="NAME=VALUE",
-            help="set a variable; repeatable, the only way in for secret-shaped names "
-            "(default: none)",
+            metavar="NAME[=VALUE]",
+            help="set a variable; NAME alone takes its value from this environment; "
+            "repeatable, the only way in for secret-shaped names (default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    env_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--env-file",
+            metavar="FILE",
+            help="read variables from FILE, one NAME=VALUE (or NAME) a line as docker's; "
+            "repeatable; -e wins (default: none)",
             show_default=False,
         ),
     ] = None,
@@ -367,6 +489,16 @@ def run(
             show_default=False,
         ),
     ] = None,
+    image_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--image-from",
+            metavar="PATH",
+            help="docker image built from PATH, a Dockerfile or a directory with one (once per "
+            "content: reused while it and its base are unchanged; default: none)",
+            show_default=False,
+        ),
+    ] = None,
     user: Annotated[
         str | None,
         typer.Option(
@@ -403,6 +535,16 @@ def run(
             help="run even where the backend cannot give every guarantee asked for",
         ),
     ] = False,
+    mounts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mount",
+            metavar="SRC:DST[:ro|rw]",
+            help="show the host path SRC at DST, read-only unless :rw; repeatable (sockets, "
+            "kernel paths and targets over the workspace are refused; default: none)",
+            show_default=False,
+        ),
+    ] = None,
     mask: Annotated[
         list[str] | None,
         typer.Option(
@@ -443,22 +585,25 @@ def run(
         from sandboxrun.engine import results
         from sandboxrun.models import Limits, Policy
 
-        explicit = dict(parse_env_assignment(item) for item in env or [])
+        explicit = explicit_env(env or [], env_file or [], os.environ)
         use_secrets(None if no_mask else explicit)  # everything said from now on is masked
         if shell and len(command) != 1:
             raise InputError("--shell takes exactly one COMMAND string (quote the script)")
-        checked = check_run_limits(
-            timeout=timeout,
-            max_timeout=max_timeout,
-            idle_timeout=idle_timeout,
-            grace=grace,
-            max_output=max_output,
-            spill_max=spill_max,
-            memory=memory,
-            cpus=cpus,
-            pids=pids,
-            host_cpus=os.cpu_count(),
-        )
+        given = {
+            "backend": backend, "image": image, "policy": policy, "network": network,
+            "timeout": timeout, "max_timeout": max_timeout, "idle_timeout": idle_timeout,
+            "grace": grace, "max_output": max_output, "spill_max": spill_max,
+            "memory": memory, "cpus": cpus, "pids": pids,
+        }  # fmt: skip
+        values = settings.in_force(given)
+        settings.export_spill_caps(values)  # the spill root's pruning reads them
+        checked = checked_limits(values)
+        backend = cast("Backend", settings.required(values, "backend"))
+        policy = cast("Access", settings.required(values, "policy"))
+        network = cast("Literal['none', 'on']", settings.required(values, "network"))
+        image = image_in_force(values, image_from)
+        if image_from is not None:
+            backend = "docker"  # what it builds is a docker image (auto: docker's own refusal)
         limits = Limits(**dataclasses.asdict(checked))
         live = None if json_out or dry_run else LiveWriter()
         shown_denial = False
@@ -472,6 +617,7 @@ def run(
                 allow_degraded=allow_degraded,
                 mask=tuple(mask or ()),
                 mask_output=not no_mask,
+                mounts=tuple(mounts or ()),
             ),
             limits=limits,
             env=explicit,
@@ -484,14 +630,18 @@ def run(
             login_shell=login_shell,
             keep_spill=keep_spill,
         )
-        request = sb.prepare(
+        request = sb._prepare(
             None if shell else command,
             shell=command[0] if shell else None,
             workdir=workdir,
             sink=live,
         )
+        if image_from is not None:  # everything else checked: build now
+            sb.image = built_image(
+                image_from, user, workspace=sb.workspace.root, policy=sb.policy, dry_run=dry_run
+            )
         if dry_run:
-            chosen, _ = sb.choose_backend()
+            chosen, _ = sb._choose_backend()
             planned = chosen.plan(request).shown  # InputError: what would not run is refused
             write_out(show_argv(quote_argv(planned), terminal=_is_tty(1)))
             raise typer.Exit(0)
@@ -545,7 +695,7 @@ def _offer_escalation(
     say(denial_line(result) or "")
     if not ask_to_escalate(sb.policy, wider):
         return result, live, True
-    widened, again = sb.escalated(request, wider)
+    widened, again = sb._escalated(request, wider)
     live = LiveWriter()
     again = dataclasses.replace(again, sink=live)
     try:

@@ -15,17 +15,19 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
+from sandboxrun.cli import settings
 from sandboxrun.cli.app import app
+from sandboxrun.cli.env_input import explicit_env
 from sandboxrun.cli.report import EXIT_SANDBOX, exit_status, fail, use_secrets
-from sandboxrun.engine.env import parse_env_assignment
 
 if TYPE_CHECKING:
     from sandboxrun.api.sandbox import Sandbox
     from sandboxrun.api.terminal import Terminal
+    from sandboxrun.cli.run import Access, Backend
     from sandboxrun.models import ExecResult
 
 RESIZE_DEBOUNCE_S = 0.05
@@ -49,19 +51,26 @@ def shell(
         typer.Option("-C", "--workdir", metavar="PATH", help="working directory in the workspace"),
     ] = None,
     backend: Annotated[
-        Literal["auto", "docker", "systemd-scope", "process-group"],
+        Literal["auto", "docker", "systemd-scope", "process-group"] | None,
         typer.Option("-b", "--backend", metavar="BACKEND", help="as for `sandboxrun run`"),
-    ] = "auto",
+    ] = None,
     policy: Annotated[
-        Literal["read-only", "workspace-write", "danger-full-access"],
+        Literal["read-only", "workspace-write", "danger-full-access"] | None,
         typer.Option("--policy", metavar="POLICY", help="as for `sandboxrun run`"),
-    ] = "workspace-write",
+    ] = None,
     network: Annotated[
-        Literal["none", "on"], typer.Option("--network", metavar="none|on")
-    ] = "none",
+        Literal["none", "on"] | None,
+        typer.Option("--network", metavar="none|on", help="as for `sandboxrun run`"),
+    ] = None,
     env: Annotated[
         list[str] | None,
-        typer.Option("-e", "--env", metavar="NAME=VALUE", help="set a variable (repeatable)"),
+        typer.Option(
+            "-e", "--env", metavar="NAME[=VALUE]", help="as for `sandboxrun run` (repeatable)"
+        ),
+    ] = None,
+    env_file: Annotated[
+        list[Path] | None,
+        typer.Option("--env-file", metavar="FILE", help="as for `sandboxrun run` (repeatable)"),
     ] = None,
     image: Annotated[
         str | None, typer.Option("--image", metavar="IMAGE", help="docker image")
@@ -93,15 +102,20 @@ def shell(
         from sandboxrun.api.sandbox import Sandbox
         from sandboxrun.models import Limits, Policy
 
-        explicit = dict(parse_env_assignment(item) for item in env or [])
+        explicit = explicit_env(env or [], env_file or [], os.environ)
         use_secrets(explicit)
+        given = {"backend": backend, "image": image, "policy": policy, "network": network}
+        values = settings.in_force(given)
         sb = Sandbox(
             workspace,
-            backend=backend,
-            policy=Policy(access=policy, network=network),
+            backend=cast("Backend", settings.required(values, "backend")),
+            policy=Policy(
+                access=cast("Access", settings.required(values, "policy")),
+                network=cast("Literal['none', 'on']", settings.required(values, "network")),
+            ),
             limits=Limits(),
             env=explicit,
-            image=image,
+            image=values["image"].value,
             user=user,
         )
         name = term or os.environ.get("TERM") or "xterm-256color"

@@ -183,3 +183,17 @@ def exec_env(
             rest = ":".join(p for p in rest.split(":") if p not in request.path_prepend)
         env["PATH"] = f"{joined}:{rest}" if rest else joined
     return env
+
+
+_SHELL_SIGNS = frozenset(" \t\n|&;<>()$`*?[]{}'\"")
+
+
+def script_hint(argv: Sequence[str] | None) -> str | None:
+    """Why a one-word argv that holds blanks or shell syntax (``"ls -la | wc"``) found no
+    program: the whole word was taken as a program's name. None for any other argv."""
+    if not argv or len(argv) != 1 or not any(c in _SHELL_SIGNS for c in argv[0]):
+        return None
+    return (
+        "the whole word was taken as one program's name: pass --shell to run it as a shell "
+        "script (shell= in the API), or give the program and its arguments as separate words"
+    )

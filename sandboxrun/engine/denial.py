@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandboxrun.engine.paths import CONTAINER_ROOT, Workspace
-from sandboxrun.models import Denial, DenialKind, ExecResult, Limits, Policy, replaced
+from sandboxrun.models import Denial, DenialKind, ExecResult, Limits, Mount, Policy, replaced
 
 MAX_EVIDENCE = 300
 MAX_PATHS = 16
@@ -210,6 +210,16 @@ def _allowed(policy: Policy, wider: Policy | None) -> str:
     return f"it would be allowed with {describe_change(policy, wider)}"
 
 
+def _read_only_mount(path: str | None, policy: Policy) -> Mount | None:
+    """The read-only ``--mount`` that ``path`` (as the command named it) lies in, if any."""
+    if path is None or not path.startswith("/"):
+        return None
+    for mount in policy.mounts:
+        if mount.read_only and (path == mount.target or path.startswith(mount.target + "/")):
+            return mount
+    return None
+
+
 def _judge_path(
     pattern: Pattern,
     line: str,
@@ -219,6 +229,13 @@ def _judge_path(
     isolation: set[str],
 ) -> Denial | None:
     path = path_in(line, match)
+    mounted = _read_only_mount(path, policy) if pattern.name == "erofs" else None
+    if path is not None and mounted is not None:  # what the caller mounted read-only
+        message = (
+            f"the sandbox refused a write to {path}: it is in the read-only mount "
+            f"{mounted.shown()} (--mount {mounted.source}:{mounted.target}:rw writes there)"
+        )
+        return Denial(kind="filesystem", evidence=evidence_line(line), message=message)
     seen = facts.paths.get(path) if path is not None else None
     if path is None or seen is None or not seen.host_writable:
         return None  # no path to judge, or the host user could not either: the file's own doing
@@ -232,6 +249,14 @@ def _judge_path(
         wider = _widen(policy, access="workspace-write")
         where = "in the workspace"
     else:
+        if "container" in isolation and pattern.name == "erofs":
+            # a container's root is read-only under every policy: no wider one lifts it
+            message = (
+                f"the sandbox refused a write to {path} outside the workspace: the "
+                "container's root is read-only under every policy (only the workspace and its "
+                "temporary directory are writable)"
+            )
+            return Denial(kind="filesystem", evidence=evidence_line(line), message=message)
         if FS_GUARD_OUTSIDE not in isolation or policy.access == "danger-full-access":
             return None
         wider = _widen(policy, access="danger-full-access")

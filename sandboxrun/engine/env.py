@@ -144,7 +144,8 @@ def _check_pass_through(host: Mapping[str, str], pass_through: Sequence[str]) ->
         if is_secret_name(name):
             raise EnvError(
                 f"--pass-env {name!r}: the name looks like a secret and is never passed "
-                f"implicitly; the only way in is an explicit --env {name}=VALUE"
+                f"implicitly; pass it explicitly with -e {name} (its value from this "
+                "environment, masked in the output)"
             )
         if name not in host:
             raise EnvError(f"--pass-env {name!r}: not set on the host")

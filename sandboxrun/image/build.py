@@ -37,11 +37,15 @@ from sandboxrun.image.phases import (
 )
 from sandboxrun.image.plan import (
     Builder,
+    Content,
     Recorded,
+    base_of,
     buildx_argv,
     choose_builder,
     context_digest,
     decide,
+    final_base,
+    project_tag,
 )
 from sandboxrun.image.progress import Progress
 
@@ -206,14 +210,54 @@ def default_base(client: DockerClient) -> str:
     return tags[0] if tags else "debian:bookworm-slim"
 
 
-def context_files(context: Path) -> Iterator[tuple[str, bool, bytes]]:
-    """Every file of a build context, in path order, one read at a time (``context_digest``)."""
-    for path in sorted(p for p in context.rglob("*") if p.is_symlink() or p.is_file()):
-        name = path.relative_to(context).as_posix()
-        if path.is_symlink():
-            yield name, False, str(path.readlink()).encode()
-        else:
-            yield name, bool(path.stat().st_mode & stat.S_IXUSR), path.read_bytes()
+def dockerignore(context: Path) -> list[str] | None:
+    """The patterns of ``context``'s ``.dockerignore`` as the engine's client reads them (blank
+    lines and ``#`` comments dropped), or None without one."""
+    file = context / ".dockerignore"
+    try:
+        text = file.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc.strerror}") from None
+    return [line.strip() for line in text.splitlines() if line.strip() and line.strip()[0] != "#"]
+
+
+def context_files(
+    context: Path, dockerfile: str = "Dockerfile"
+) -> Iterator[tuple[str, bool, Content]]:
+    """Every file of a build context that is sent to the engine (what ``.dockerignore``
+    leaves, matched by the docker SDK's own matcher; the Dockerfile always), in path order,
+    each read in chunks as it is hashed (``context_digest``); ``ConfigError`` naming a file
+    that cannot be read (docker could not send it either)."""
+    patterns = dockerignore(context)
+    sent: set[str] | None = None
+    if patterns:
+        sent = dockerapi.sent_paths(str(context), patterns, dockerfile)
+    try:
+        paths = sorted(p for p in context.rglob("*") if p.is_symlink() or p.is_file())
+        for path in paths:
+            name = path.relative_to(context).as_posix()
+            if sent is not None and name not in sent and name != dockerfile:
+                continue
+            if path.is_symlink():
+                yield name, False, str(path.readlink()).encode()
+            else:
+                st = path.stat()
+                yield name, bool(st.st_mode & stat.S_IXUSR), (st.st_size, _chunks(path))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the build context {context}: {exc.filename}: {exc.strerror}"
+        ) from None
+
+
+def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    try:
+        with path.open("rb") as file:
+            while chunk := file.read(size):
+                yield chunk
+    except OSError as exc:
+        raise ConfigError(f"cannot read the build context's file {path}: {exc.strerror}") from None
 
 
 def probe_builder() -> Builder:
@@ -237,8 +281,9 @@ def probe_builder() -> Builder:
     return choose_builder(docker_cli, buildx, os.environ)
 
 
-def _base_id(client: DockerClient, ref: str, progress: Progress) -> str:
-    """The base's image id, pulling it first when it is not on the engine."""
+def _base_id(client: DockerClient, ref: str, progress: Progress, *, own: bool = False) -> str:
+    """The base's image id, pulling it first when it is not on the engine. ``own``: it is the
+    Dockerfile's own FROM (not a base sandboxrun chose)."""
     found = _inspect(client, ref)
     if found is None:
         progress.phase(f"pulling the base {ref}")
@@ -249,10 +294,15 @@ def _base_id(client: DockerClient, ref: str, progress: Progress) -> str:
                 if "error" in chunk:
                     raise BackendError(str(chunk["error"]))
         except BackendError as exc:
+            hint = (
+                "pull, load or build it, or change the Dockerfile's FROM"
+                if own
+                else "pull, load or build it, or build on the offline bootstrap "
+                "(sandboxrun image bootstrap, then image build without --base)"
+            )
             raise BackendError(
                 f"the base image {ref} is not on this Docker engine and cannot be pulled "
-                f"({exc}): pull, load or build it, or build on the offline bootstrap "
-                "(sandboxrun image bootstrap, then image build without --base)"
+                f"({exc}): {hint}"
             ) from exc
         found = _inspect(client, ref)
         if found is None:
@@ -267,27 +317,49 @@ def build(
     force: bool = False,
     tag: str | None = None,
     context: Path | None = None,
+    dockerfile: Path | None = None,
+    say_reuse: bool = True,
 ) -> ImageResult:
     """Build ``context`` (``images/base``) as ``tag`` (``sandboxrun/base:<version>``, and then
-    ``:latest`` too) on ``base`` (the offline bootstrap where one exists, else the Dockerfile's
-    default); reuse an existing ``tag`` built on the same base from the same context."""
-    aliases = [BASE_IMAGE] if tag is None else []
-    tag = tag or BASE_TAG
-    context = context if context is not None else images_dir() / "base"
-    if not (context / "Dockerfile").is_file():
+    ``:latest`` too; another context: ``project_tag`` of its content) on ``base`` (the offline
+    bootstrap where one exists, else the Dockerfile's default); reuse an existing ``tag`` built
+    on the same base from the same context. ``dockerfile``: a file of ``context`` other than
+    its ``Dockerfile``. A Dockerfile with a FROM of its own records that base (a rebuilt
+    ``sandboxrun/base`` rebuilds what is built on it). ``say_reuse``: note a reuse (``run
+    --image-from`` reuses silently)."""
+    own = images_dir() / "base"
+    context = context if context is not None else own
+    file = dockerfile if dockerfile is not None else context / "Dockerfile"
+    if not file.is_file():
         raise ConfigError(f"no Dockerfile in the build context {context}")
+    name = _inside(file, context)
+    ours = context.resolve() == own.resolve() and name == "Dockerfile"
+    text = file.read_text(encoding="utf-8", errors="replace")
+    fixed_base = base_of(text)
+    if fixed_base is not None and base is not None:
+        raise ConfigError(
+            f"--base {base}: {file} does not use it (its FROM is {fixed_base}, not ${{BASE_IMAGE}})"
+        )
+    digest = context_digest(context_files(context, name), dockerfile=name)
+    aliases = [BASE_IMAGE] if tag is None and ours else []
+    tag = tag or (BASE_TAG if ours else project_tag(digest))
     client = dockerapi.connect()
     try:
-        base = base or default_base(client)
+        base = (
+            base
+            or concrete_base(fixed_base and final_base(text))  # what the result is built on
+            or concrete_base(fixed_base)  # (a final stage on scratch or an ARG: the first's)
+            or default_base(client)
+        )
         wanted = Recorded(
-            base, _base_id(client, base, progress), context_digest(context_files(context))
+            base, _base_id(client, base, progress, own=fixed_base is not None), digest
         )
         existing = _inspect(client, tag)
         labels = _labels(existing)
         decision = decide(
             tag, Recorded.from_labels(labels), existing is not None, wanted, force=force
         )
-        if decision.message:
+        if decision.message and (say_reuse or not decision.reuse):
             progress.note(decision.message)
         if decision.reuse:
             _alias(client, tag, aliases)
@@ -295,15 +367,33 @@ def build(
         builder = probe_builder()
         progress.raw(f"builder: {builder.label} ({builder.why})")
         if decision.message is None:
-            progress.note(f"building {tag} on {base}")
+            on = base if fixed_base is None else f"{fixed_base} (its Dockerfile's own FROM)"
+            progress.note(f"building {tag} on {on}")
         if builder.kind == "buildkit":
-            _build_buildx(progress, builder, tag, context, wanted)
+            _build_buildx(progress, builder, tag, context, name, wanted, no_cache=force)
         else:
-            _build_legacy(client, progress, tag, context, wanted)
+            _build_legacy(client, progress, tag, context, name, wanted, no_cache=force)
         _alias(client, tag, aliases)
     finally:
         client.close()
     return ImageResult(tag, reused=False, how=builder.label)
+
+
+def _inside(file: Path, context: Path) -> str:
+    """``file``'s path in ``context`` (a Dockerfile outside its context is refused)."""
+    try:
+        return file.resolve().relative_to(context.resolve()).as_posix()
+    except ValueError:
+        raise ConfigError(
+            f"the Dockerfile {file} is not inside its build context {context}"
+        ) from None
+
+
+def concrete_base(fixed: str | None) -> str | None:
+    """A Dockerfile's own FROM when it names one image (not ``scratch``, no ``$ARG`` in it)."""
+    if fixed is None or "$" in fixed or fixed.lower() == "scratch":
+        return None
+    return fixed
 
 
 def _labels(inspected: dict[str, object] | None) -> dict[str, str]:
@@ -323,7 +413,14 @@ def _failed(parser: LegacyPhases | BuildKitPhases, error: str) -> BackendError:
 
 
 def _build_legacy(
-    client: DockerClient, progress: Progress, tag: str, context: Path, wanted: Recorded
+    client: DockerClient,
+    progress: Progress,
+    tag: str,
+    context: Path,
+    dockerfile: str,
+    wanted: Recorded,
+    *,
+    no_cache: bool,
 ) -> None:
     parser, lines = LegacyPhases(), LineSplitter()
     error: str | None = None
@@ -331,10 +428,12 @@ def _build_legacy(
         stream = dockerapi.build(
             client,
             path=str(context),
+            dockerfile=dockerfile,
             tag=tag,
             buildargs={"BASE_IMAGE": wanted.base},
             labels=wanted.labels(),
             pull=False,
+            nocache=no_cache,
             rm=True,
             forcerm=True,
             timeout=BUILD_READ_TIMEOUT_S,
@@ -353,15 +452,24 @@ def _build_legacy(
 
 
 def _build_buildx(
-    progress: Progress, builder: Builder, tag: str, context: Path, wanted: Recorded
+    progress: Progress,
+    builder: Builder,
+    tag: str,
+    context: Path,
+    dockerfile: str,
+    wanted: Recorded,
+    *,
+    no_cache: bool,
 ) -> None:
     docker_cli = shutil.which("docker") or "docker"
     argv = buildx_argv(
         docker_cli,
         tag=tag,
         context=context,
+        dockerfile=context / dockerfile,
         build_args={"BASE_IMAGE": wanted.base},
         labels=wanted.labels(),
+        no_cache=no_cache,
     )
     parser = BuildKitPhases()
     code = _stream(argv, progress, parser)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,10 +58,17 @@ def buildx_argv(
     context: Path,
     build_args: Mapping[str, str],
     labels: Mapping[str, str],
+    no_cache: bool = False,
+    dockerfile: Path | None = None,
 ) -> list[str]:
     """``docker buildx build --load``: the image lands in the engine's store, as with the legacy
-    builder; plain progress, one line per event, for the phase parser."""
+    builder; plain progress, one line per event, for the phase parser. ``no_cache``: every
+    step runs again (``--force``)."""
     argv = [docker_cli, "buildx", "build", "--load", "--progress=plain", "--tag", tag]
+    if no_cache:
+        argv.append("--no-cache")
+    if dockerfile is not None and dockerfile != context / "Dockerfile":
+        argv += ["--file", str(dockerfile)]
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
     for key, value in labels.items():
@@ -131,11 +139,61 @@ def decide(
     )
 
 
-def context_digest(files: Iterable[tuple[str, bool, bytes]]) -> str:
+Content = bytes | tuple[int, Iterable[bytes]]
+"""A file's content: its bytes, or ``(size, chunks)`` read as they are hashed."""
+
+
+def context_digest(
+    files: Iterable[tuple[str, bool, Content]], *, dockerfile: str = "Dockerfile"
+) -> str:
     """A digest of a build context: ``(relative path, executable, content)`` per file, in path
-    order (read lazily: one file in memory at a time)."""
+    order (read lazily: one chunk in memory at a time), and which of its files is the
+    Dockerfile (``Dockerfile``, the default, leaves the digest as it always was)."""
     digest = hashlib.sha256()
+    if dockerfile != "Dockerfile":
+        digest.update(f"dockerfile\0{dockerfile}\0".encode())
     for name, executable, content in files:
-        digest.update(f"{name}\0{int(executable)}\0{len(content)}\0".encode())
-        digest.update(content)
+        size, chunks = (len(content), (content,)) if isinstance(content, bytes) else content
+        digest.update(f"{name}\0{int(executable)}\0{size}\0".encode())
+        for chunk in chunks:
+            digest.update(chunk)
     return "sha256:" + digest.hexdigest()
+
+
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def base_of(dockerfile: str) -> str | None:
+    """The first stage's base of a Dockerfile's text when it is not ``${BASE_IMAGE}`` (the
+    build argument sandboxrun passes, offline: the bootstrap); None when it uses it."""
+    found = _FROM.search(dockerfile)
+    if found is None:
+        return None
+    ref = found.group(1)
+    return None if ref in ("${BASE_IMAGE}", "$BASE_IMAGE") else ref
+
+
+_STAGE = re.compile(
+    r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE | re.MULTILINE
+)
+
+
+def final_base(dockerfile: str) -> str | None:
+    """The image the final stage is built on (through earlier stages it names), or None for
+    a Dockerfile with no FROM: what the result depends on, for ``Recorded``."""
+    stages: dict[str, str] = {}
+    last: str | None = None
+    joined = re.sub(r"\\[ \t]*\r?\n", " ", dockerfile)  # a continued line is one instruction
+    for match in _STAGE.finditer(joined):
+        ref, alias = match.group(1), match.group(2)
+        ref = stages.get(ref.lower(), ref)
+        if alias:
+            stages[alias.lower()] = ref
+        last = ref
+    return last
+
+
+def project_tag(digest: str) -> str:
+    """The tag of a context that is not sandboxrun's own, built without ``--tag``: named by its
+    content, so that the default tags (``sandboxrun/base``) never move."""
+    return f"sandboxrun/project:{digest.removeprefix('sha256:')[:12]}"

@@ -300,6 +300,80 @@ def oom_count(content: str) -> int | None:
     return None
 
 
+SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def signal_bits(*signals: int) -> int:
+    """The ``SigPnd`` mask of ``signals``."""
+    bits = 0
+    for sig in signals:
+        bits |= 1 << (sig - 1)
+    return bits
+
+
+def death_pending(status: bytes, deaths: int = SIGKILL_BIT) -> bool:
+    """Whether a ``/proc/PID/status`` text shows one of ``deaths`` (a signal mask; SIGKILL by
+    default) queued for the process, its own or its thread group's: it is already doomed,
+    though it may not have run to its exit yet (a busy or preempted CPU)."""
+    for line in status.splitlines():
+        key, _, value = line.partition(b":")
+        if key in (b"SigPnd", b"ShdPnd"):
+            try:
+                if int(value.strip() or b"0", 16) & deaths:
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
+def status_mask(status: bytes, *keys: bytes) -> int:
+    """The union of the hexadecimal signal masks under ``keys`` (``SigIgn``, ``SigCgt``...)
+    of a ``/proc/PID/status`` text; all bits set when one is missing or malformed (a mask
+    not read is never taken for "none")."""
+    found: dict[bytes, int] = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(b":")
+        if key in keys:
+            try:
+                found[key] = int(value.strip(), 16)
+            except ValueError:
+                return -1
+    if len(found) != len(keys):
+        return -1
+    union = 0
+    for bits in found.values():
+        union |= bits
+    return union
+
+
+def default_deaths(pid: int, candidates: int) -> int:
+    """Which of ``candidates`` (a signal mask) would end ``pid`` if it got them now: neither
+    ignored, caught nor blocked by it (none when its status cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return 0
+    return candidates & ~status_mask(status, b"SigIgn", b"SigCgt", b"SigBlk")
+
+
+def living(pid: int, deaths: int = SIGKILL_BIT) -> bool:
+    """Whether ``pid`` lives and will go on living: neither gone nor a zombie
+    (:func:`alive`), nor holding one of ``deaths`` it has not acted on yet. A process that
+    sent ``kill -9`` and exited is followed at once by this answer, not a moment later."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return alive(pid)
+    for line in status.splitlines():
+        if line.startswith(b"State:"):
+            if line[6:].strip()[:1] in (b"Z", b"X"):
+                return False
+            break
+    return not death_pending(status, deaths)
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` lives (a zombie does not). With this process out of fds (EMFILE), the
     kernel is asked without one: a process is never taken for dead (its sandbox recreated)

@@ -51,7 +51,7 @@ def private_tmp(sb: Sandbox) -> bool:
     namespaces a local sandbox can write only its workspace)."""
     return (
         sb.backend.name == "docker"
-        or "private-tmp" in sb.backend.plan(sb.prepare(["true"])).isolation
+        or "private-tmp" in sb.backend.plan(sb._prepare(["true"])).isolation
     )
 
 
@@ -131,6 +131,23 @@ async def test_clear_errors(workspace: Path, backend: str) -> None:
             await sb.list_dir("/tmp/no-such-dir")
         with pytest.raises(WorkspaceError, match="escapes the workspace"):
             await sb.read_file("../outside")
+
+
+async def test_write_file_makes_parents_when_asked(workspace: Path, backend: str) -> None:
+    # issue 20: write_file could not create parents (inspect's write_file must)
+    async with sandbox(workspace, backend) as sb:
+        await sb.write_file("a/b/c.txt", b"deep", parents=True)
+        assert await sb.read_file("a/b/c.txt") == b"deep"
+        assert (workspace / "a" / "b" / "c.txt").read_bytes() == b"deep"
+        await sb.write_file("/tmp/x/y/z", b"tmp", parents=True)
+        assert await sb.read_file("/tmp/x/y/z") == b"tmp"
+        with pytest.raises(SandboxNotADirectoryError):
+            await sb.write_file("hello.txt/under/f", b"x", parents=True)
+    policy = Policy(access="read-only", allow_degraded=True)
+    async with sandbox(workspace, backend, policy=policy) as sb:
+        with pytest.raises(SandboxPermissionError):
+            await sb.write_file("ro/new.txt", b"x", parents=True)
+    assert not (workspace / "ro").exists()
 
 
 async def test_too_large(workspace: Path, backend: str) -> None:

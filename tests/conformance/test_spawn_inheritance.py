@@ -71,9 +71,9 @@ async def test_a_missing_working_directory_is_a_spawn_error_naming_it(
 ) -> None:
     (workspace / "gone").mkdir()
     async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
-        request = sb.prepare(["true"], workdir="gone")
+        request = sb._prepare(["true"], workdir="gone")
         (workspace / "gone").rmdir()  # after the host checked it: the sandbox finds it missing
-        result = await sb.run_request(request)
+        result = await sb._run_request(request)
         after = await sb.exec(["pwd"])  # the supervisor's own directory did not move
     if supervised(result):
         assert result.status == "spawn_error", result

@@ -90,3 +90,27 @@ def sandboxrun_session_tools() -> Task:
         sandbox="sandboxrun",
         model=get_model(MODEL, custom_outputs=outputs),
     )
+
+
+@task
+def sandboxrun_image(config: str) -> Task:
+    """On an image per task: ``sandbox=("sandboxrun", config)``, a Dockerfile or a compose file
+    (``-T config=...``). The command reads what the image baked in and writes the answer
+    relative to where it runs (the compose file's working_dir, else the workspace)."""
+    look = (
+        "cat /opt/marker; echo cwd=$(pwd) env=${FROM_COMPOSE-none}; cat /opt/marker > answer.txt;"
+        " cat /var/tmp/data/v.txt 2>/dev/null; touch /var/tmp/data/w 2>/dev/null || echo ro"
+    )
+    outputs = [
+        ModelOutput.for_tool_call(MODEL, "bash", {"command": look}),
+        ModelOutput.from_content(MODEL, "Done."),
+    ]
+    for output in outputs:
+        output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+    return Task(
+        dataset=[Sample(input="What did the image bake in?", target="baked")],
+        solver=[use_tools(bash(timeout=30)), generate()],
+        scorer=in_sandbox(),
+        sandbox=("sandboxrun", config),
+        model=get_model(MODEL, custom_outputs=outputs),
+    )

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,6 +74,17 @@ class Pane:
                 raise AssertionError(f"{pattern!r} never showed:\n{self.screen()}")
             time.sleep(0.1)
 
+    def prompts(self) -> int:
+        """How many shell prompts the pane (and its history) shows."""
+        return len(re.findall(r"^sbx\$", self.screen(), re.MULTILINE))
+
+    def wait_until(self, done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} never showed:\n{self.screen()}")
+            time.sleep(0.1)
+
     def resize(self, cols: int, rows: int) -> None:
         self._tmux("resize-window", "-t", "t", "-x", str(cols), "-y", str(rows))
 
@@ -130,11 +141,15 @@ def test_a_shell_through_a_real_terminal(pane: Pane, cli_backend: str) -> None:
         viewer = next((v for v in ("vi", "less") if shutil.which(v)), viewer)
     pane.type(f"{viewer} long.txt")
     pane.wait_for(r"^line 1\b")
+    prompts = pane.prompts()
     if viewer == "vi":
         pane.keys("Escape")
         pane.type(":q!")
     else:  # less and more
         pane.keys("q")
+    # the next line only once the shell prompts again: a pager that is still quitting reads
+    # what is typed ahead (on any terminal), which CI saw as 'osed: command not found'
+    pane.wait_until(lambda: pane.prompts() > prompts, "the prompt after the viewer")
     pane.type("echo closed $((6*7))")
     pane.wait_for(r"^closed 42$")
     pane.type("exit 7")

@@ -113,6 +113,12 @@ def test_touch_etc_in_a_container_is_a_filesystem_denial(workspace: Path) -> Non
     assert result.denial is not None
     assert result.denial.evidence == "touch: cannot touch '/etc/x': Read-only file system"
     assert result.denial.escalate_to is None
+    # issue 20: it proposed --policy danger-full-access, under which the root is still read-only
+    assert "danger-full-access" not in result.denial.message
+    assert "read-only under every policy" in result.denial.message
+    again = run(workspace, "docker", Policy(access="danger-full-access"), shell="touch /etc/x")
+    assert again.status == "failed" and again.denial is not None
+    assert "read-only under every policy" in again.denial.message
 
 
 def test_network_under_network_none_is_a_network_denial(workspace: Path, backend: str) -> None:

@@ -236,7 +236,7 @@ def test_limits_the_engine_cannot_honour_exit_2_before_any_container(
     proc = cli(
         "run", "-b", "docker", "-w", str(workspace), option, value, "--", "true", env={**os.environ}
     )
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 125, proc.stderr
     assert message in proc.stderr
     assert containers_of(engine, workspace) == []
 
@@ -282,7 +282,7 @@ def test_a_200k_file_workspace_on_the_engine_sockets_file_system_runs(
             assert elapsed < 20
             os.link(big_fs / "proxy.sock", ws / "d7" / "f-link")
             refused = cli("run", "-b", "docker", "-w", str(ws), "--", "true", env=env)
-            assert refused.returncode == 2
+            assert refused.returncode == 125
             assert "is the engine socket" in refused.stderr
             assert "d7/f-link" in refused.stderr
     finally:

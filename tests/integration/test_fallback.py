@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import require_backend
 
 from sandboxrun import Sandbox
 from sandboxrun.backends.registry import probe
@@ -99,3 +100,28 @@ def test_fallback_cli_json_says_which_backend_and_why(workspace: Path) -> None:
     assert result["fallback_reason"].startswith("docker: ")
     assert result["stdout"] == "hi\n"
     assert sum("falling back" in line for line in proc.stderr.splitlines()) == 1
+
+
+async def test_a_failed_open_can_be_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that opens its sandbox before docker is up retries the same ``Sandbox``: the
+    failed ``open()`` released everything and did not mark it opened; a closed one stays
+    closed."""
+    require_backend("docker")
+    sb = Sandbox(tmp_path, backend="docker")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(SandboxUnavailableError, match="no Docker engine socket"):
+        await sb.open()
+    monkeypatch.delenv("DOCKER_HOST")
+    await sb.open()  # the engine is there now
+    try:
+        assert (await sb.exec(["echo", "up"])).stdout == "up\n"
+    finally:
+        await sb.aclose()
+    with pytest.raises(RuntimeError, match=r"opened already|was closed"):
+        await sb.open()
+    never = Sandbox(tmp_path, backend="process-group")
+    await never.aclose()
+    with pytest.raises(RuntimeError, match="was closed"):
+        await never.open()

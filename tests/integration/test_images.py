@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import pytest
 from helpers import require_backend
 
+from sandboxrun.image.build import BASE_TAG
+
 if TYPE_CHECKING:
     from docker import DockerClient
 
@@ -203,10 +205,44 @@ def test_build_records_its_base_and_rebuilds_when_it_changes(
     changed = cli(*build, "--base", base_b)
     assert f"rebuilding {image}: its build context changed" in changed.stderr
     engine.image(image)
-    forced = cli(*build, "--base", base_b, "--force")
+    forced = cli(*build, "--base", base_b, "--force", "-v")
     assert forced.returncode == 0, forced.stderr
     assert f"rebuilding {image} (--force)" in forced.stderr
+    # issue 20: --force reused the build cache (a RUN step that fetches was not run again)
+    assert "Using cache" not in forced.stderr and " CACHED" not in forced.stderr
+    assert RUN_MARKER in forced.stderr.replace(f"RUN echo {RUN_MARKER}", "")  # it ran again
     engine.image(image)
+
+
+def test_a_context_without_tag_never_moves_the_default_tags(engine: Engine, tmp_path: Path) -> None:
+    """issue 20: ``image build --context DIR`` without ``--tag`` replaced sandboxrun/base's
+    tags with the project's image; a Dockerfile ignoring BASE_IMAGE was said to be built on
+    the bootstrap."""
+    default_ids = {}
+    for ref in ("sandboxrun/base:latest", BASE_TAG):
+        with suppress(Exception):
+            default_ids[ref] = engine.image(ref)["Id"]
+    ctx = tmp_path / "project"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {engine.bootstrap}\nLABEL sandboxrun-test=1\n")
+    done = cli("image", "build", "--context", str(ctx))
+    tag = done.stdout.strip()
+    try:
+        assert done.returncode == 0, done.stderr
+        assert re.fullmatch(r"sandboxrun/project:[0-9a-f]{12}", tag), done.stdout
+        engine.made.append(str(engine.client.api.inspect_image(tag)["Id"]))  # type: ignore[no-untyped-call]
+        assert f"building {tag} on {engine.bootstrap} (its Dockerfile's own FROM)" in done.stderr
+        for ref, image_id in default_ids.items():
+            assert engine.image(ref)["Id"] == image_id, f"{ref} moved"
+        again = cli("image", "build", "--context", str(ctx))
+        assert again.returncode == 0 and again.stdout.strip() == tag
+        assert f"reusing {tag}" in again.stderr
+        refused = cli("image", "build", "--context", str(ctx), "--base", engine.bootstrap)
+        assert refused.returncode == 125
+        assert f"does not use it (its FROM is {engine.bootstrap}" in refused.stderr
+    finally:
+        with suppress(Exception):
+            engine.client.api.remove_image(tag)
 
 
 def test_a_failed_build_shows_the_last_lines_of_its_log(engine: Engine, tmp_path: Path) -> None:
@@ -260,7 +296,7 @@ def test_a_base_that_is_not_there_and_cannot_be_pulled(engine: Engine, tmp_path:
 
 def test_no_dockerfile_is_a_usage_error(tmp_path: Path) -> None:
     done = cli("image", "build", "--context", str(tmp_path), "--tag", "sandboxrun-test/x:1")
-    assert done.returncode == 2
+    assert done.returncode == 125
     assert f"no Dockerfile in the build context {tmp_path}" in done.stderr
 
 

@@ -296,23 +296,19 @@ def _inspect_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _eval_sample(tmp_path: Path, task: str, timeout: float, config: str | None = None) -> Any:
-    """``inspect eval inspect_task.py@task`` in a directory of its own (with ``config`` as its
-    ``sandboxrun.yaml``): its one log's one sample, once the eval succeeded."""
-    task_dir = tmp_path / "task"
-    task_dir.mkdir()
-    shutil.copy(TASK, task_dir / TASK.name)
-    if config is not None:
-        (task_dir / "sandboxrun.yaml").write_text(config)
-    done = subprocess.run(
-        [str(INSPECT), "eval", f"{TASK.name}@{task}", "--log-format", "json"],
-        cwd=task_dir,
-        env=_inspect_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def _eval_sample(
+    tmp_path: Path,
+    task: str,
+    timeout: float,
+    config: str | None = None,
+    *,
+    files: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+) -> Any:
+    """``inspect eval inspect_task.py@task [args]`` in a directory of its own (with ``config``
+    as its ``sandboxrun.yaml``, and ``files``): its one log's one sample, once the eval
+    succeeded."""
+    done = _eval(tmp_path, task, timeout, config, files=files, args=args)
     assert done.returncode == 0, done.stdout + done.stderr
     logs = list((tmp_path / "logs").glob("*.json"))
     assert len(logs) == 1
@@ -320,6 +316,34 @@ def _eval_sample(tmp_path: Path, task: str, timeout: float, config: str | None =
     assert log["status"] == "success", log.get("error")
     (sample,) = log["samples"]
     return sample
+
+
+def _eval(
+    tmp_path: Path,
+    task: str,
+    timeout: float,
+    config: str | None = None,
+    *,
+    files: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    task_dir = tmp_path / "task"
+    task_dir.mkdir()
+    shutil.copy(TASK, task_dir / TASK.name)
+    if config is not None:
+        (task_dir / "sandboxrun.yaml").write_text(config)
+    for name, text in (files or {}).items():
+        (task_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (task_dir / name).write_text(text)
+    return subprocess.run(
+        [str(INSPECT), "eval", f"{TASK.name}@{task}", "--log-format", "json", *args],
+        cwd=task_dir,
+        env=_inspect_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_inspect_eval_mockllm(tmp_path: Path) -> None:
@@ -446,3 +470,55 @@ def test_inspect_sandbox_cleanup(tmp_path: Path) -> None:
                 holder.stdout.close()
         for name in (dead_name, live_name):  # after a failure: nothing of the test stays
             cleanup_leftovers(name)
+
+
+def test_inspect_eval_on_a_dockerfile_and_a_one_service_compose_file(tmp_path: Path) -> None:
+    """issue 20: ``sandbox=("sandboxrun", "env/Dockerfile")`` and ``("sandboxrun",
+    "compose.yaml")`` with one service (``build``, ``environment``, ``working_dir``, limits)
+    in real evals: the image is built once (the second eval reuses it) and the command runs on
+    it, where the compose file says; a file with two services is refused in one line."""
+    require_backend("docker")
+    from sandboxrun.image.build import BOOTSTRAP_REPO, host_source
+    from sandboxrun.image.source import planned_tag
+
+    dockerfile = f"FROM {BOOTSTRAP_REPO}:{host_source()[1]}\nRUN echo baked > /opt/marker\n"
+    compose = (
+        "services:\n  default:\n    build: env\n    init: true\n    command: tail -f /dev/null\n"
+        "    environment:\n      FROM_COMPOSE: yes-it-is\n    working_dir: /tmp\n"
+        "    network_mode: none\n    mem_limit: 1g\n    x-default: true\n"
+        "    volumes: ['./data:/var/tmp/data:ro']\n"
+    )
+    files = {"env/Dockerfile": dockerfile, "compose.yaml": compose, "data/v.txt": "vol\n"}
+    before = {p.name for p in parent_dir().iterdir()}
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "Dockerfile").write_text(dockerfile)
+    tag = planned_tag(tmp_path / "probe")
+    try:
+        for config, where in (("env/Dockerfile", "/workspace"), ("compose.yaml", "/tmp")):
+            run_dir = tmp_path / config.replace("/", "-")
+            run_dir.mkdir()
+            sample = _eval_sample(
+                run_dir, "sandboxrun_image", 300, files=files, args=("-T", f"config={config}")
+            )
+            (look,) = (m["content"] for m in sample["messages"] if m["role"] == "tool")
+            env = "yes-it-is" if config == "compose.yaml" else "none"
+            volume = "vol\nro\n" if config == "compose.yaml" else "ro\n"  # a read-only bind
+            assert look == f"baked\ncwd={where} env={env}\n{volume}", (config, look)
+            assert sample["scores"]["in_sandbox"]["value"] == "C", sample["scores"]
+        two = compose + "  other:\n    image: debian\n"
+        (tmp_path / "two").mkdir()
+        refused = _eval(
+            tmp_path / "two", "sandboxrun_image", 120,
+            files={"env/Dockerfile": dockerfile, "compose.yaml": two},
+            args=("-T", "config=compose.yaml"),
+        )  # fmt: skip
+        words = "compose.yaml: 2 services (default, other); a sandboxrun sandbox is one container"
+        assert refused.returncode != 0 and words in refused.stdout + refused.stderr, refused
+    finally:
+        client = docker.from_env()
+        try:
+            client.api.remove_image(tag)
+        finally:
+            client.close()
+    assert {p.name for p in parent_dir().iterdir()} == before
+    assert not _containers_of_pid(None, since=int(time.time()) - 300)

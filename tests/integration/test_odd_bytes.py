@@ -140,14 +140,14 @@ def test_docker_refuses_non_utf8_before_running(
     workspace: Path, args: list[str | bytes], named: bytes
 ) -> None:
     proc = cli("run", "-b", "docker", "-w", str(workspace), "--json", *args)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 125, proc.stderr
     assert b"Traceback" not in proc.stderr
     assert named in proc.stderr
     assert b"UTF-8" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert b"\xff" not in proc.stderr  # shown escaped, never raw; a value is never shown
     error = json.loads(proc.stdout)["error"]  # --json: one error object
-    assert error["type"] in ("ConfigError", "EnvError") and error["exit_status"] == 2
+    assert error["type"] in ("ConfigError", "EnvError") and error["exit_status"] == 125
     assert b"\xff" not in proc.stdout
     assert not (workspace / "ran").exists()
 
@@ -155,7 +155,7 @@ def test_docker_refuses_non_utf8_before_running(
 @pytest.mark.usefixtures("docker_ok")
 def test_docker_dry_run_refuses_too(workspace: Path) -> None:
     proc = cli("run", "-b", "docker", "-w", str(workspace), "--dry-run", "--", "echo", FF)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 125, proc.stderr
     assert b"argv[1]" in proc.stderr
     assert proc.stdout == b""
 
@@ -164,10 +164,10 @@ def test_docker_dry_run_refuses_too(workspace: Path) -> None:
 def test_docker_refuses_a_non_utf8_workspace(tmp_path: Path) -> None:
     ws = odd_dir(tmp_path)
     proc = cli("run", "-b", "docker", "-w", os.fsencode(ws), "--json", "--", "touch", "ran")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 125, proc.stderr
     assert b"Traceback" not in proc.stderr
     assert b"odd-\\xff" in proc.stderr
-    assert json.loads(proc.stdout)["error"]["exit_status"] == 2  # --json: one error object
+    assert json.loads(proc.stdout)["error"]["exit_status"] == 125  # --json: one error object
     assert not (ws / "ran").exists()
 
 
@@ -178,10 +178,10 @@ def test_docker_refuses_a_non_utf8_workdir(workspace: Path) -> None:
         "run", "-b", "docker", "-w", str(workspace), "-C", os.fsencode(sub.name), "--json",
         "--", "touch", "ran",
     )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr  # not a fake 126 from the OCI runtime's chdir
+    assert proc.returncode == 125, proc.stderr  # not a fake 126 from the OCI runtime's chdir
     assert b"workdir" in proc.stderr
     assert b"odd-\\xff" in proc.stderr
-    assert json.loads(proc.stdout)["error"]["exit_status"] == 2  # --json: one error object
+    assert json.loads(proc.stdout)["error"]["exit_status"] == 125  # --json: one error object
     assert not (sub / "ran").exists()
 
 

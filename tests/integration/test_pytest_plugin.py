@@ -48,6 +48,7 @@ def containers_of(owner_pid: int) -> list[str]:
     try:
         found = client.containers.list(
             all=True,
+            ignore_removed=True,
             filters={"label": ["sandboxrun.managed=true", f"sandboxrun.owner_pid={owner_pid}"]},
         )
         return [str(c.name) for c in found]
@@ -279,3 +280,21 @@ def test_blocking_facade_in_this_session(sandbox: BlockingSandbox, tmp_path: Pat
         sandbox.read_file("missing.txt")
     with pytest.raises(TimeoutError):
         sandbox.start(["sleep", "60"]).wait(timeout=0.1)
+
+
+def test_the_example_runs_from_a_checkout_without_the_dev_extras() -> None:
+    """issue 20: ``pytest -q examples/pytest-plugin`` from the repository died with ``Unknown
+    config option: timeout`` (sandboxrun's own pytest configuration, read from its
+    pyproject.toml, needs pytest-timeout, a dev extra; ``-p no:timeout`` stands for a user
+    without it)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:timeout", "-W", "error",
+         "examples/pytest-plugin", "--sandboxrun-backend", "process-group"],
+        cwd=repo, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 passed" in done.stdout

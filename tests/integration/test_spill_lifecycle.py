@@ -170,10 +170,10 @@ async def test_rerun_after_close_spills_in_its_own_locked_dir(
     into the root (never removed, prunable mid-run), but into a directory of its own."""
     backend = require_backend("process-group")
     async with Sandbox(workspace, backend=backend, limits=LIMITS) as first:
-        request = first.prepare(FLOOD)
-    widened, again = first.escalated(request, Policy(access="workspace-write"))
+        request = first._prepare(FLOOD)
+    widened, again = first._escalated(request, Policy(access="workspace-write"))
     async with widened:
-        result = await widened.run_request(again)
+        result = await widened._run_request(again)
         assert result.stdout_spill is not None
         assert widened.spill_dir is not None
         assert Path(result.stdout_spill).is_relative_to(widened.spill_dir)

@@ -119,19 +119,27 @@ def test_values_are_converted() -> None:
         memory="6m", cpus="0.5", pids="8",
     )  # fmt: skip
     assert found == RunLimits(
-        timeout_s=600, max_timeout_s=600, idle_timeout_s=0.5, grace_s=0, max_output=1 << 20,
+        timeout_s=600, max_timeout_s=None, idle_timeout_s=0.5, grace_s=0, max_output=1 << 20,
         spill_max=0, memory_bytes=6 << 20, cpus=0.5, pids=8,
     )  # fmt: skip
 
 
-def test_timeout_above_the_cap_is_refused_naming_both_options() -> None:
+def test_any_timeout_is_accepted_without_an_operators_cap() -> None:
+    # issue 20: `-t 30m` was refused unless --max-timeout was raised; the default is 120 s
+    assert checked(timeout="30m") == checked(timeout="1800")
+    assert checked(timeout="30m").timeout_s == 1800 and checked(timeout="30m").max_timeout_s is None
+    assert checked(timeout="100h").timeout_s == 360000
+    assert checked().timeout_s == 120
+
+
+def test_timeout_above_an_operators_cap_is_refused_naming_both_options() -> None:
     with pytest.raises(ConfigError) as caught:
-        checked(timeout="9999")
+        checked(timeout="9999", max_timeout="10m")
     message = str(caught.value)
     assert message.startswith("--timeout 9999 is above the maximum of 10m")
-    assert "--max-timeout 9999s" in message
+    assert "SANDBOXRUN_MAX_TIMEOUT" in message and "--max-timeout" in message
     assert checked(timeout="9999", max_timeout="3h").timeout_s == 9999
-    assert checked(timeout="10m").timeout_s == 600  # the cap itself is allowed
+    assert checked(timeout="10m", max_timeout="10m").timeout_s == 600  # the cap itself
 
 
 def test_lower_cap_lowers_the_default_timeout_and_refuses_above_it() -> None:

@@ -340,3 +340,18 @@ def test_container_paths_outside_the_workspace_are_judged_only_by_erofs(tmp_path
         assert (found is not None) == denied, line
         if found is not None:
             assert found.kind == "filesystem" and found.escalate_to is None
+
+
+def test_a_containers_root_is_never_offered_a_wider_policy() -> None:
+    # issue 20: docker proposed --policy danger-full-access, under which its root stays
+    # read-only; the denial now says no policy lifts it
+    line = "touch: cannot touch '/etc/x': Read-only file system"
+    in_image = {"/etc/x": PathFacts("/etc/x", False, True, in_container=True)}
+    docker = ["container", "read-only-root", "network-none", "pids-limit"]
+    for policy in (WW, DANGER):
+        found = diagnose(
+            result(line, isolation=docker, backend="docker"), policy, HostFacts(in_image)
+        )
+        assert found is not None and found.kind == "filesystem" and found.escalate_to is None
+        assert "read-only under every policy" in found.message
+        assert "danger-full-access" not in found.message

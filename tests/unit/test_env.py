@@ -154,7 +154,7 @@ def test_pass_through_of_a_secret_is_refused(name: str) -> None:
     message = str(info.value)
     assert repr(name) in message
     assert "secret" in message
-    assert f"--env {name}=VALUE" in message
+    assert f"-e {name} (its value from this environment" in message
     assert SENTINEL not in message
 
 

@@ -96,7 +96,7 @@ async def test_a_stdin_job_refuses_writes_at_once(tmp_path: Path, reply: Reply) 
 async def test_a_backend_object_cannot_be_escalated(tmp_path: Path) -> None:
     """An escalation re-runs in a fresh sandbox: a backend object is this one's, never shared."""
     async with Sandbox(tmp_path, backend=FakeBackend()) as sb:
-        request = sb.prepare(["true"])
+        request = sb._prepare(["true"])
         with pytest.raises(ConfigError, match="backend by name"):
-            sb.escalated(request, Policy(network="on"))
+            sb._escalated(request, Policy(network="on"))
         assert (await sb.exec(["true"])).status == "completed"  # still open, still its own

@@ -40,14 +40,14 @@ def test_idle_timeout_defaults_to_none_and_is_overridden_per_exec(tmp_path: Path
     assert limits.with_idle_timeout(None) is limits
     assert limits.with_idle_timeout(1).idle_timeout_s == 1.0
     sb = Sandbox(tmp_path, limits=limits)
-    assert sb.prepare(["true"]).limits.idle_timeout_s == 5
-    assert sb.prepare(["true"], idle_timeout=0.5).limits.idle_timeout_s == 0.5
+    assert sb._prepare(["true"]).limits.idle_timeout_s == 5
+    assert sb._prepare(["true"], idle_timeout=0.5).limits.idle_timeout_s == 0.5
     with pytest.raises(ConfigError, match="idle_timeout"):
-        sb.prepare(["true"], idle_timeout=0)
+        sb._prepare(["true"], idle_timeout=0)
 
 
 def test_both_captures_of_a_run_share_one_activity(tmp_path: Path) -> None:
-    request = Sandbox(tmp_path).prepare(["true"])
+    request = Sandbox(tmp_path)._prepare(["true"])
     out, err, activity = captures(request)
     assert out.activity is err.activity is activity
     before = time.monotonic()

@@ -12,10 +12,12 @@ from sandboxrun.image.plan import (
     LABEL_CONTEXT,
     Builder,
     Recorded,
+    base_of,
     buildx_argv,
     choose_builder,
     context_digest,
     decide,
+    project_tag,
     short_id,
 )
 
@@ -191,3 +193,93 @@ def test_context_digest() -> None:
     assert context_digest([one[0]]) != digest
     # no ambiguity between where a name ends and its content starts
     assert context_digest([("ab", False, b"c")]) != context_digest([("a", False, b"bc")])
+
+
+def test_buildx_argv_without_the_cache_under_force() -> None:
+    args = {"tag": "t:1", "context": Path("/ctx"), "build_args": {}, "labels": {}}
+    assert "--no-cache" in buildx_argv("docker", no_cache=True, **args)  # type: ignore[arg-type]
+    assert "--no-cache" not in buildx_argv("docker", **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "base"),
+    [
+        ("ARG BASE_IMAGE=debian\nFROM ${BASE_IMAGE}\nRUN x\n", None),
+        ("ARG BASE_IMAGE\nfrom $BASE_IMAGE AS build\n", None),
+        ("FROM sandboxrun/base:latest\nUSER root\n", "sandboxrun/base:latest"),
+        (
+            "# syntax=docker/dockerfile:1\nFROM --platform=linux/amd64 python:3.12 AS b\n",
+            "python:3.12",
+        ),
+        ("RUN nothing\n", None),
+    ],
+)
+def test_base_of_a_dockerfile(text: str, base: str | None) -> None:
+    assert base_of(text) == base
+
+
+def test_project_tag_is_named_by_content() -> None:
+    assert project_tag("sha256:" + "ab" * 32) == "sandboxrun/project:" + "ab" * 6
+
+
+def test_which_file_is_the_dockerfile_is_part_of_the_digest() -> None:
+    files = [("Dockerfile", False, b"FROM x\n"), ("alt.Dockerfile", False, b"FROM y\n")]
+    default = context_digest(files)
+    assert context_digest(files, dockerfile="Dockerfile") == default  # old digests kept
+    alt = context_digest(files, dockerfile="alt.Dockerfile")
+    assert alt != default and context_digest(files, dockerfile="sub/Dockerfile") != alt
+
+
+def test_buildx_argv_names_a_dockerfile_other_than_the_contexts() -> None:
+    common = {"tag": "t", "context": Path("/ctx"), "build_args": {}, "labels": {}}
+    plain = buildx_argv("docker", **common)  # type: ignore[arg-type]
+    same = buildx_argv("docker", **common, dockerfile=Path("/ctx/Dockerfile"))  # type: ignore[arg-type]
+    assert plain == same and "--file" not in plain
+    other = buildx_argv("docker", **common, dockerfile=Path("/ctx/env/Dockerfile.gpu"))  # type: ignore[arg-type]
+    assert other[other.index("--file") + 1] == "/ctx/env/Dockerfile.gpu" and other[-1] == "/ctx"
+
+
+def test_content_in_chunks_digests_as_bytes_do() -> None:
+    whole = [("a", False, b"hello world"), ("b", True, b"")]
+    chunked = [("a", False, (11, [b"hello", b" ", b"world"])), ("b", True, (0, []))]
+    assert context_digest(chunked) == context_digest(whole)
+
+
+def test_final_base_follows_the_stages() -> None:
+    from sandboxrun.image.plan import final_base
+
+    assert final_base("FROM a:1\nRUN x\n") == "a:1"
+    assert final_base("FROM a:1 AS build\nFROM b:2\nCOPY --from=build /x /x\n") == "b:2"
+    assert final_base("FROM a:1 AS base\nFROM base AS dev\nFROM dev\n") == "a:1"
+    assert final_base("FROM --platform=linux/amd64 c:3 as x\n") == "c:3"
+    assert final_base("RUN nothing\n") is None
+    # a FROM word inside a continued instruction is not an instruction
+    assert final_base("FROM a:1\nRUN echo \\\n  from foo\n") == "a:1"
+    assert final_base("FROM a:1\nRUN echo \\  \r\n  FROM foo AS bar\n") == "a:1"
+
+
+def test_dockerignore_leaves_out_what_the_engine_is_not_sent(tmp_path: Path) -> None:
+    """A file ``.dockerignore`` excludes changes nothing the build sees: it neither counts in
+    the digest (no rebuild when it changes) nor is read (a large dataset is not hashed)."""
+    from sandboxrun.image.build import context_files
+    from sandboxrun.image.source import planned_tag
+
+    (tmp_path / "Dockerfile").write_text("FROM x\n")
+    (tmp_path / "app.py").write_text("print(1)\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.bin").write_bytes(b"\0" * 1000)
+    (tmp_path / "data" / "keep.txt").write_text("kept\n")
+    (tmp_path / "notes.md").write_text("x\n")
+    (tmp_path / ".dockerignore").write_text(
+        "# comment\n\ndata/\n!data/keep.txt\n*.md\nDockerfile\n"
+    )
+    names = [name for name, _, _ in context_files(tmp_path)]
+    assert names == [".dockerignore", "Dockerfile", "app.py", "data/keep.txt"]  # Dockerfile: always
+    tag = planned_tag(tmp_path)
+    (tmp_path / "data" / "big.bin").write_bytes(b"\1" * 2000)
+    (tmp_path / "notes.md").write_text("changed\n")
+    assert planned_tag(tmp_path) == tag  # ignored: no new image
+    (tmp_path / "data" / "keep.txt").write_text("changed\n")
+    assert planned_tag(tmp_path) != tag
+    (tmp_path / ".dockerignore").unlink()
+    assert "notes.md" in [name for name, _, _ in context_files(tmp_path)]

@@ -10,7 +10,6 @@ from pydantic import BaseModel
 from sandboxrun.errors import ConfigError
 from sandboxrun.integrations.inspect.config import (
     CONFIG_FILES,
-    MAX_TIMEOUT_S,
     NO_TIMEOUT_S,
     SandboxrunConfig,
     load_config,
@@ -25,12 +24,13 @@ def test_defaults() -> None:
     assert config.backend == "docker" and config.image is None and config.user is None
     assert config.policy() == Policy(access="workspace-write", network="none")
     limits = config.limits()
-    assert limits.timeout_s == NO_TIMEOUT_S and limits.max_timeout_s >= NO_TIMEOUT_S
+    assert limits.timeout_s == NO_TIMEOUT_S and limits.max_timeout_s is None
     assert limits.spill_max == 0 and limits.max_output == DEFAULT_MAX_OUTPUT
     assert (limits.memory_bytes, limits.cpus, limits.pids) == (None, None, None)
     assert limits.grace_s == Limits().grace_s
     assert config.workspace_path() is None
-    assert CONFIG_FILES == ("sandboxrun.yaml", "sandboxrun.yml")
+    assert CONFIG_FILES[:2] == ("sandboxrun.yaml", "sandboxrun.yml")  # its own first
+    assert "compose.yaml" in CONFIG_FILES and "Dockerfile" in CONFIG_FILES  # docker-compatible
 
 
 def test_every_field(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ login_shell: /bin/sh
     limits = config.limits()
     assert (limits.memory_bytes, limits.cpus, limits.pids) == (512 << 20, 1.5, 64)
     assert (limits.timeout_s, limits.grace_s) == (90, 1)
-    assert limits.max_timeout_s == MAX_TIMEOUT_S
+    assert limits.max_timeout_s is None
     assert config.env == {"CI": "1"} and config.pass_env == ["JAVA_HOME"]
     assert (config.login, config.login_shell, config.user) == ("each", "/bin/sh", "1000:1000")
     assert config.workspace_mode == "shared" and config.backend == "auto"
@@ -75,8 +75,8 @@ def test_memory_as_bytes() -> None:
 
 def test_long_default_timeout_is_not_clamped() -> None:
     limits = parse_config({"default_timeout": 2 * NO_TIMEOUT_S}).limits()
-    assert limits.timeout_s == 2 * NO_TIMEOUT_S <= limits.max_timeout_s
-    assert limits.effective_timeout(MAX_TIMEOUT_S) == MAX_TIMEOUT_S  # an exec's own timeout
+    assert limits.timeout_s == 2 * NO_TIMEOUT_S and limits.max_timeout_s is None
+    assert limits.effective_timeout(3650 * 86400.0) == 3650 * 86400.0  # an exec's own timeout
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,14 @@ def test_timeout_above_the_cap_is_refused_not_clamped() -> None:
         with pytest.raises(ValueError, match="timeout"):
             limits.effective_timeout(bad)
     with pytest.raises(ValidationError, match="timeout_s=900 is above max_timeout_s=600"):
-        Limits(timeout_s=900)
+        Limits(timeout_s=900, max_timeout_s=600)
+
+
+def test_no_ceiling_unless_one_is_set() -> None:
+    # issue 20: a ceiling applies only where an operator configured one
+    assert Limits().max_timeout_s is None
+    assert Limits(timeout_s=86400).effective_timeout(None) == 86400
+    assert Limits().effective_timeout(10**7) == 10**7
 
 
 @pytest.mark.parametrize(
@@ -179,3 +186,23 @@ def test_amend_rewrites_only_what_it_is_given() -> None:
     assert told.stdout_spill is None and told.stderr_spill is None
     assert (told.status, told.exit_code, told.stdout) == (ok.status, ok.exit_code, ok.stdout)
     assert ok.error is None and ok.warnings == ["w1"] and ok.stdout_spill == "/s/out"
+
+
+def _failed(stderr: str = "") -> ExecResult:
+    return ExecResult(
+        status="failed", exit_code=2, stderr=stderr, duration_s=0.1, backend="process-group",
+        argv=["make"], run_id="0" * 16,
+    )  # fmt: skip
+
+
+def test_exec_error_ends_with_the_stderr_tail() -> None:
+    # issue 20: ExecError omitted stderr, which usually says why
+    failed = _failed("boom: no such target\n")
+    text = str(ExecError(failed))
+    assert text.endswith("stderr:\nboom: no such target") and "exit code 2" in text
+    flood = _failed("x" * 5000 + "END")
+    text = str(ExecError(flood))
+    assert text.endswith("x" * 797 + "END") and "stderr (its end):\n…" in text
+    assert len(text) < 1000
+    quiet = str(ExecError(_failed()))
+    assert "stderr" not in quiet

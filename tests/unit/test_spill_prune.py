@@ -83,7 +83,7 @@ def open_session(root: Path) -> Iterator[SpillSession]:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("24", 86400.0), ("1.5", 5400.0), ("90m", 5400.0), ("36h", 129600.0), ("0", 0.0),
+    [("90", 90.0), ("1.5", 1.5), ("90m", 5400.0), ("36h", 129600.0), ("0", 0.0),
      ("45s", 45.0), ("off", None), (" None ", None), ("never", None)],
 )  # fmt: skip
 def test_parse_age(text: str, seconds: float | None) -> None:
@@ -128,6 +128,21 @@ def test_age_cap_removes_only_old_closed_sandboxes(root: Path, open_session: Spi
     assert report.freed_bytes == 100 and report.in_use == 1 and report.complete
     assert not old.exists() and young.exists() and open_session.path.exists()
     assert (open_session.path / LOCK_NAME).exists()
+
+
+def test_dry_run_removes_nothing_and_reports_what_would_go(
+    root: Path, open_session: SpillSession
+) -> None:
+    old = closed_session(root, 100, NOW - 25 * HOUR)
+    older = closed_session(root, 300, NOW - 30 * HOUR)
+    young = closed_session(root, 50, NOW - HOUR)
+    age_tree(open_session.path, NOW - 100 * HOUR)  # open: not even in a dry run
+    caps = SpillCaps(max_age_s=24 * HOUR, max_total=10)
+    report = prune(root, caps, now=NOW, dry_run=True)
+    assert set(report.removed) == {old, older, young}  # the size cap then takes the young one
+    assert report.freed_bytes == 450 and report.in_use == 1
+    assert old.exists() and older.exists() and young.exists() and open_session.path.exists()
+    assert prune(root, caps, now=NOW).removed == report.removed  # what a real run removes
 
 
 def test_age_is_the_newest_thing_inside(root: Path) -> None:

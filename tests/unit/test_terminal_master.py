@@ -195,7 +195,7 @@ def test_a_run_on_a_terminal_never_silently_gets_pipes(tmp_path: object) -> None
     from sandboxrun.engine.launch import Stdio
     from sandboxrun.engine.results import NotStarted
 
-    request = Sandbox(str(tmp_path), backend="process-group").prepare(["true"])
+    request = Sandbox(str(tmp_path), backend="process-group")._prepare(["true"])
     request = dataclasses.replace(request, tty=PtyControl())
     before = open_fds()
     with Stdio(request) as stdio, pytest.raises(NotStarted) as caught:

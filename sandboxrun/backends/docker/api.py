@@ -296,6 +296,14 @@ def pull(client: DockerClient, ref: str) -> Iterator[dict[str, Any]]:
     return _streamed(lambda: client.api.pull(ref, stream=True, decode=True))
 
 
+def sent_paths(root: str, patterns: list[str], dockerfile: str) -> set[str]:
+    """The paths of the build context ``root`` the SDK sends the engine under
+    ``.dockerignore``'s ``patterns`` (its own matcher: what ``build`` sends), with ``/``."""
+    from docker.utils.build import exclude_paths
+
+    return {p.replace(os.sep, "/") for p in exclude_paths(root, list(patterns), dockerfile)}
+
+
 def build(client: DockerClient, **options: Any) -> Iterator[dict[str, Any]]:
     """A legacy-builder build (``APIClient.build``'s options): its messages as they come."""
     return _streamed(lambda: client.api.build(decode=True, **options))

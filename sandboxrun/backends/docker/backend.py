@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -32,6 +33,7 @@ from sandboxrun.backends.docker.config import BASE_IMAGE
 from sandboxrun.backends.docker.engine_exec import NO_ENGINE_TERMINAL, DockerRun, start_timeout
 from sandboxrun.backends.docker.session import ContainerSession
 from sandboxrun.backends.docker.watchdog import Watchdog
+from sandboxrun.backends.secrets import secret_paths
 from sandboxrun.backends.supervised import SupervisedRun, start_supervised
 from sandboxrun.engine import argv, results
 from sandboxrun.engine.launch import Launch, Stdio
@@ -104,6 +106,43 @@ def engine_socket() -> str | None:
     return host.removeprefix("unix://") if host.startswith("unix://") else None
 
 
+def _mount_points() -> list[str]:
+    """This host's mount points (``/proc/self/mountinfo``), for ``cfg.mounts_under``."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text(errors="replace")
+    except OSError:
+        return []
+    return cfg.mount_points(text)
+
+
+def precheck(root: Path, policy: Policy) -> None:
+    """What this backend refuses of a workspace and its mounts, before anything reaches the
+    engine (also called before ``--image-from`` builds: a refusal does not wait for a build)."""
+    cfg.check_workspace_utf8(root)
+    cfg.check_workspace(root, engine_socket())
+    for extra in policy.mounts:  # a hard link to the engine socket in a mounted directory
+        cfg.check_workspace(Path(extra.source), engine_socket())
+        if extra.read_only:  # this engine's read-only bind is not recursive
+            inner = cfg.mounts_under(extra.source, _mount_points())
+            if inner:
+                raise ConfigError(
+                    f"invalid --mount {extra.shown()!r}: {inner[0]} is a file system mounted "
+                    "inside it, which a read-only docker bind would show writable; mount "
+                    "it on its own"
+                )
+
+
+def recheck_mounts(policy: Policy) -> None:
+    """Each mount's source checked again just before the container is made (the engine
+    resolves the path itself): it still leads, without a symlink, to the path checked."""
+    from sandboxrun.backends.secrets import door_sockets
+    from sandboxrun.engine.mounts import rechecked
+
+    doors = [os.path.realpath(s) for s in door_sockets(os.environ)]
+    for extra in policy.mounts:
+        rechecked(extra, os.path.realpath(extra.source), doors)
+
+
 class DockerBackend:
     name: BackendName = "docker"
 
@@ -115,8 +154,7 @@ class DockerBackend:
             ctx.image,
             ctx.user,
         )
-        cfg.check_workspace_utf8(workspace.root)  # before anything reaches the engine
-        cfg.check_workspace(workspace.root, engine_socket())
+        precheck(workspace.root, policy)  # before anything reaches the engine
         cfg.check_limits(limits, cpu_count=os.cpu_count() if engine_socket() else None)
         self.workspace = workspace
         self.policy = policy
@@ -283,6 +321,7 @@ class DockerBackend:
 
     def _create(self) -> str:
         assert self.session.client is not None
+        recheck_mounts(self.policy)  # just before the engine resolves the sources itself
         config = cfg.host_config(
             workspace=self.workspace.root,
             policy=self.policy,
@@ -291,6 +330,7 @@ class DockerBackend:
             user=self.user,
             lbls=cfg.labels(self.workspace.root),
             seccomp=docker_seccomp.profile_json() if self.seccomp else None,
+            secrets=tuple(secret_paths(os.environ)),
             supervisor=None
             if self._rendezvous is None
             else (self._rendezvous.dir, sv.MOUNT, sv.MAIN_COMMAND),

@@ -10,11 +10,12 @@ import re
 import socket
 import time
 from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sandboxrun.engine.argv import is_utf8, wrapper_env
 from sandboxrun.engine.env import redact
+from sandboxrun.engine.mounts import KERNEL_ROOTS, around
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.errors import ConfigError, EnvError, WorkspaceError
 from sandboxrun.models import LIMIT_GUARANTEES, Limits, Policy
@@ -32,8 +33,9 @@ VAR_TMP_OPTS = "rw,exec,nosuid,nodev,size=256m,mode=1777"
 the workspace is writable (it can hold programs anyway); else it is ``noexec`` like ``/tmp``."""
 DEFAULT_PIDS = 512
 DEFAULT_MEMORY = 2 << 30
-FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/run", "/var/run")
-"""Workspaces at or containing these would expose the engine socket or kernel interfaces."""
+FORBIDDEN_ROOTS = KERNEL_ROOTS
+"""Workspaces at or containing these would expose the engine socket or kernel interfaces (the
+roots no ``--mount`` source may be at or around either)."""
 HOST_ONLY = ("PATH", "TMPDIR", "SHELL", "HOME")
 """Host paths that mean nothing in the container: not forwarded unless given explicitly."""
 NOT_UTF8 = (
@@ -65,11 +67,7 @@ def check_workspace(root: Path, engine_socket: str | None, *, max_entries: int =
     refused, naming that cause."""
     text = str(root)
     for forbidden in FORBIDDEN_ROOTS:
-        if (
-            text == forbidden
-            or text.startswith(forbidden + "/")
-            or forbidden.startswith(text + "/")
-        ):
+        if around(text, forbidden):
             raise ConfigError(f"refusing to mount {root}: it exposes {forbidden} to the sandbox")
     if not engine_socket:
         return
@@ -153,6 +151,7 @@ def host_config(
     lbls: dict[str, str],
     seccomp: str | None = None,
     supervisor: tuple[Path, str, list[str]] | None = None,
+    secrets: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """Keyword arguments of ``APIClient.create_container`` / ``create_host_config``: hardened.
     ``seccomp``: the seccomp profile's JSON text (``docker_seccomp.profile_json``), or None for
@@ -161,7 +160,9 @@ def host_config(
     removed by the engine once its main process (the supervisor) exits, and it has no init:
     the supervisor is PID 1 of the container (a subreaper of everything there, and out of
     reach of every signal a command could send it: the kernel delivers none to its
-    namespace's init that it has no handler for, SIGSTOP and SIGKILL included)."""
+    namespace's init that it has no handler for, SIGSTOP and SIGKILL included). ``secrets``:
+    the host's secret paths (``backends.secrets``): those inside the workspace are masked as
+    the local backends mask them (a workspace that is a home directory)."""
     memory = limits.memory_bytes or DEFAULT_MEMORY
     # (inside the container) /var/tmp may run programs (inspect's sandbox tools) only where
     # the workspace could hold them anyway: with a read-only workspace nothing writable may
@@ -182,7 +183,12 @@ def host_config(
             mount(str(CONTAINER_ROOT), str(workspace), "bind", policy.access == "read-only")
         ],
     }
-    host["mounts"] += mask_mounts(workspace, policy.mask)
+    masks = (*policy.mask, *map(str, secrets))
+    host["mounts"] += mask_mounts(workspace, masks)
+    for extra in policy.mounts:  # sources resolved and checked (engine.mounts)
+        host["mounts"].append(mount(extra.target, extra.source, "bind", extra.read_only))
+        # a secret under a mounted directory stays hidden, as one in the workspace
+        host["mounts"] += mask_mounts(Path(extra.source), masks, inside=extra.target)
     command = ["sleep", "infinity"]
     if supervisor is not None:
         source, target, command = supervisor
@@ -209,21 +215,40 @@ def mount(target: str, source: str | None, kind: str, read_only: bool) -> Mount:
     return {"Target": target, "Source": source, "Type": kind, "ReadOnly": read_only}
 
 
-def mask_mounts(workspace: Path, masks: tuple[str, ...]) -> list[Mount]:
-    """``--mask`` inside the container: a masked directory of the workspace is an empty
-    read-only tmpfs, a masked file ``/dev/null`` (read-only). A path outside the workspace is
-    not in the container at all; a missing one is skipped."""
+def mask_mounts(
+    workspace: Path, masks: tuple[str, ...], *, inside: str = str(CONTAINER_ROOT)
+) -> list[Mount]:
+    """``--mask`` inside the container: a masked directory of the workspace (or of a mounted
+    directory: ``inside`` is where the container sees it) is an empty read-only tmpfs, a
+    masked file ``/dev/null`` (read-only). A path outside it is not in the container at all; a
+    missing one is skipped."""
     mounts = []
     for mask in masks:
         real = Path(os.path.realpath(mask))
         if not real.is_relative_to(workspace) or real == workspace or not real.exists():
             continue
-        target = str(CONTAINER_ROOT / real.relative_to(workspace))
+        target = str(PurePosixPath(inside) / real.relative_to(workspace))
         if real.is_dir():
             mounts.append(mount(target, None, "tmpfs", True))
         else:
             mounts.append(mount(target, "/dev/null", "bind", True))
     return mounts
+
+
+def mount_points(mountinfo: str) -> list[str]:
+    """The mount points of a ``/proc/self/mountinfo`` text (octal escapes undone)."""
+    points = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
+
+
+def mounts_under(source: str, points: Sequence[str]) -> list[str]:
+    """The mount points strictly inside ``source``."""
+    prefix = source.rstrip("/") + "/"
+    return sorted(p for p in points if p.startswith(prefix))
 
 
 SECCOMP_UNSUPPORTED = (
@@ -253,7 +278,7 @@ def isolation(
     """What the container enforces. ``shown``: the limits its cgroup really shows (None: not
     known, e.g. a remote engine; the configured limits are listed). ``seccomp``: whether
     sandboxrun's seccomp profile was applied."""
-    enforced = ["container", "descendant-sweep", "read-only-root"]
+    enforced = ["container", "descendant-sweep", "read-only-root", "secrets-masked"]
     if policy.access == "read-only":
         enforced.append("read-only-workspace")
     if policy.network == "none":

@@ -4,12 +4,18 @@ container. The backend owns it (opens, recycles and closes the container); a run
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
 from sandboxrun.backends.docker import api as dockerapi
 from sandboxrun.errors import BackendError
 from sandboxrun.supervisor import procfs as proctree
+
+FORWARDED_DEATHS = proctree.signal_bits(
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2
+)
+"""Signals the engine's init (tini) passes on to its child."""
 
 
 class ContainerSession:
@@ -60,11 +66,21 @@ class ContainerSession:
 
     def dying(self) -> bool:
         """Whether the container's own processes (init, main) are gone: read from /proc, so it
-        shows at once what the engine reports a moment later (local engines only)."""
+        shows at once what the engine reports a moment later (local engines only). One that
+        holds a death it has not acted on yet counts as gone (a loaded CPU may not have run it
+        to its end when the exec that sent it has exited): a SIGKILL (``kill -9 -1``), or, for
+        the engine's init (no supervisor), a signal it forwards to its one child that the
+        child does not handle (``kill 1``: the ``sleep`` dies of it, the init follows). The
+        supervisor, PID 1 otherwise, outlives every signal."""
         if not self.init_pid:
             return False
-        own = (self.init_pid, *self.keep, *([self.supervisor_pid] if self.supervisor_pid else []))
-        return not all(proctree.alive(pid) for pid in own)
+        init_deaths = proctree.SIGKILL_BIT
+        if self.supervisor_pid is None and len(self.keep) == 1:
+            init_deaths |= proctree.default_deaths(next(iter(self.keep)), FORWARDED_DEATHS)
+        if not proctree.living(self.init_pid, init_deaths):
+            return True
+        rest = (*self.keep, *([self.supervisor_pid] if self.supervisor_pid else []))
+        return not all(proctree.living(pid) for pid in rest)
 
     def state(self) -> dict[str, Any]:
         """The engine's ``State`` of the container."""

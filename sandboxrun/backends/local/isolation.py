@@ -17,7 +17,6 @@ This module is pure but for ``probe_host`` (what this host can give, cached) and
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
@@ -29,53 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxrun import supervisor
+from sandboxrun.backends.secrets import ROOT_SECRETS, SECRET_PATHS, host_homes, runtime_dir
+from sandboxrun.engine.mounts import masked_inside
+from sandboxrun.errors import ConfigError
 from sandboxrun.models import Policy
-
-SECRET_PATHS = (
-    ".ssh",
-    ".aws",
-    ".azure",
-    ".config/gcloud",
-    ".kube",
-    ".docker",
-    ".gnupg",
-    ".netrc",
-    ".git-credentials",
-    ".npmrc",
-    ".pypirc",
-    ".config/gh",
-    ".config/hub",
-    ".terraform.d",
-    ".pgpass",
-    ".my.cnf",
-    ".cargo/credentials",
-    ".cargo/credentials.toml",
-    ".gem/credentials",
-    ".config/rclone",
-    ".password-store",
-    ".local/share/keyrings",
-    ".vault-token",
-    ".boto",
-    ".s3cfg",
-    ".oci",
-    ".bash_history",
-    ".zsh_history",
-    ".python_history",
-)
-"""Masked (shown empty) in every home directory the command could otherwise read."""
-
-ROOT_SECRETS = (
-    "/etc/shadow",
-    "/etc/gshadow",
-    "/etc/shadow-",
-    "/etc/gshadow-",
-    "/etc/sudoers",
-    "/etc/sudoers.d",
-    "/etc/ssh",
-    "/etc/ssl/private",
-    "/var/lib/docker",
-)
-"""Masked too when the command runs as root (it could read them: uid 0 owns them)."""
 
 SOCKET_DIRS = ("/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm")
 """Where host daemons keep their unix sockets; each is empty (or private) inside."""
@@ -162,6 +118,7 @@ class LocalPlan:
 
     def writable_dirs(self) -> list[str]:
         dirs = [] if self.policy.access == "read-only" else [str(self.workspace)]
+        dirs += [m.target for m in self.policy.mounts if not m.read_only]
         if self.namespaces:
             return [*dirs, *PRIVATE_TMP, "/dev/pts"]
         return [*dirs, "/dev/pts"]  # no private /tmp to write without namespaces
@@ -214,10 +171,40 @@ class LocalPlan:
             found += [Path(p) for p in ROOT_SECRETS]
         return [*found, *self.extra_masks, *self.env_sockets]
 
-    def bwrap_argv(self, command: list[str]) -> list[str]:
+    def pin_mounts(self) -> dict[str, int]:
+        """An ``O_PATH`` fd of each mount's source (by target), opened now and checked again
+        (``mounts.rechecked``: the path still leads, without a symlink, to what was checked):
+        bwrap binds the fd (``--bind-fd``), so a source swapped for a symlink after
+        ``Sandbox()`` checked it is never mounted. The caller closes them once bwrap started."""
+        from sandboxrun.backends.secrets import door_sockets
+        from sandboxrun.engine.mounts import rechecked
+
+        pinned: dict[str, int] = {}
+        doors = [os.path.realpath(s) for s in door_sockets(os.environ)]
+        try:
+            for extra in self.policy.mounts:  # one fd per mount (bwrap closes each it binds)
+                try:
+                    fd = os.open(extra.source, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    pinned[extra.target] = fd
+                    now = os.readlink(f"/proc/self/fd/{fd}")
+                    link = stat.S_ISLNK(os.fstat(fd).st_mode)
+                except OSError as exc:
+                    raise ConfigError(f"cannot mount {exc.filename}: {exc.strerror}") from None
+                rechecked(extra, now, doors, link=link)
+        except BaseException:
+            for fd in pinned.values():
+                os.close(fd)
+            raise
+        if self.support.bwrap is not None and not binds_fds(self.support.bwrap):
+            for fd in pinned.values():  # (a bubblewrap before 0.8: bound by path, checked)
+                os.close(fd)
+            return {}
+        return pinned
+
+    def bwrap_argv(self, command: list[str], pinned: Mapping[str, int] | None = None) -> list[str]:
         """``bwrap ... -- command``: the namespaces and mounts of this sandbox (pure but for
         ``lstat`` of the paths to mask: a missing path is not masked, a symlink is masked
-        where it points)."""
+        where it points). ``pinned``: the mounts' source fds (``pin_mounts``), bound by fd."""
         assert self.support.bwrap is not None
         argv = [self.support.bwrap, "--die-with-parent", "--as-pid-1"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -239,9 +226,28 @@ class LocalPlan:
         workspace = str(self.workspace)
         argv += ["--bind" if self.policy.access != "read-only" else "--ro-bind"]
         argv += [workspace, workspace]
+        for extra in self.policy.mounts:  # sources resolved and checked (engine.mounts)
+            fd = (pinned or {}).get(extra.target)
+            if fd is not None:
+                argv += ["--ro-bind-fd" if extra.read_only else "--bind-fd", str(fd)]
+            else:
+                argv += ["--ro-bind" if extra.read_only else "--bind", extra.source]
+            argv.append(extra.target)
         shown = [self.workspace, *self.shown_tools()]
-        for secret in self.masked_paths():  # after the workspace: a secret in it stays masked
+        secrets = self.masked_paths()
+        targets = [Path(m.target) for m in self.policy.mounts]
+        for secret in secrets:  # after the workspace: a secret in it stays masked
+            where = Path(os.path.realpath(secret))
+            if any(where.is_relative_to(t) for t in targets):
+                continue  # a mount is there: what of the host shows in it is masked below
             argv += mask_args(secret, self.workspace, shown)
+        for extra in self.policy.mounts:  # and one under a mounted directory, where it shows
+            for secret, inside in masked_inside(extra, secrets):
+                argv += (
+                    ["--tmpfs", inside, "--remount-ro", inside]
+                    if secret.is_dir()
+                    else ["--ro-bind", "/dev/null", inside]
+                )
         return [*argv, "--", *command]
 
 
@@ -266,21 +272,6 @@ def mask_args(path: Path, workspace: Path, shown: list[Path] | None = None) -> l
     return ["--ro-bind", "/dev/null", target]
 
 
-def host_homes(env: dict[str, str]) -> tuple[Path, ...]:
-    """The home directories whose secrets are masked: the invoker's, and as root every
-    home on the host (root can read them all)."""
-    homes: list[Path] = []
-    for value in (env.get("HOME"), os.path.expanduser("~")):
-        if value and os.path.isabs(value):
-            homes.append(Path(value))
-    if os.geteuid() == 0:
-        homes.append(Path("/root"))
-        with_home = Path("/home")
-        with contextlib.suppress(OSError):
-            homes += sorted(p for p in with_home.iterdir() if p.is_dir())
-    return tuple(dict.fromkeys(homes))
-
-
 def env_sockets(env: dict[str, str]) -> tuple[Path, ...]:
     found = []
     for name in ("SSH_AUTH_SOCK", "GPG_AGENT_INFO", "DBUS_SESSION_BUS_ADDRESS", "DOCKER_HOST"):
@@ -289,6 +280,7 @@ def env_sockets(env: dict[str, str]) -> tuple[Path, ...]:
             part = part.removeprefix("unix:path=").removeprefix("unix://").split(":")[0]
             if part.startswith("/"):
                 found.append(Path(part))
+    found.append(runtime_dir(env))  # the detached sandboxes' keepers: never reachable inside
     return tuple(found)
 
 
@@ -342,7 +334,7 @@ def local_plan(
 ) -> LocalPlan:
     """The plan of one local sandbox on this host."""
     host_env = dict(os.environ if env is None else env)
-    return LocalPlan(
+    plan = LocalPlan(
         policy=policy,
         workspace=workspace,
         homes=host_homes(host_env),
@@ -351,6 +343,61 @@ def local_plan(
         env_sockets=env_sockets(host_env),
         tools=tuple(Path(os.path.abspath(t)) for t in (*tools, *runtime_dirs())),
     )
+    if policy.mounts and not plan.namespaces:
+        why = (
+            "danger-full-access runs with no sandbox of its own"
+            if plan.off
+            else plan.support.bwrap_reason or "bubblewrap cannot run here"
+        )
+        raise ConfigError(f"--mount needs the local sandbox's own mount namespace ({why})")
+    for extra in policy.mounts:
+        check_local_target(extra.target, Path(extra.source).is_dir())
+    return plan
+
+
+@functools.cache
+def binds_fds(bwrap: str) -> bool:
+    """Whether this bubblewrap has ``--bind-fd`` (0.8 and later)."""
+    try:
+        done = subprocess.run(
+            [bwrap, "--help"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--bind-fd" in done.stdout + done.stderr
+
+
+MOUNTABLE_TMP = ("/tmp", "/var/tmp")
+"""Private (a tmpfs of the sandbox's own) before the mounts are made: a target in them is made."""
+
+
+def check_local_target(target: str, directory: bool) -> None:
+    """A local sandbox sees the host's root read-only, so a mount point cannot be made there:
+    the target must exist on the host as the same kind (directory or file), or lie in a private
+    ``/tmp`` or ``/var/tmp``; never at, in or around what runs the sandbox (this Python and
+    sandboxrun's supervisor, shown from the host)."""
+    for own in runtime_dirs():
+        real = os.path.realpath(own)
+        if target == real or target.startswith(real + "/") or real.startswith(target + "/"):
+            raise ConfigError(
+                f"invalid --mount target {target}: {real} runs the sandbox (its Python and "
+                "supervisor), not a place to mount"
+            )
+    if any(target.startswith(tmp + "/") for tmp in MOUNTABLE_TMP):
+        return  # (private inside: the host's symlinks there are not the sandbox's)
+    if os.path.realpath(target) != target:
+        raise ConfigError(
+            f"invalid --mount target {target}: it leads through a symlink here (to "
+            f"{os.path.realpath(target)}); name the real path"
+        )
+    kind = "directory" if directory else "file"
+    exists = os.path.isdir(target) if directory else os.path.isfile(target)
+    if not exists or os.path.islink(target):
+        raise ConfigError(
+            f"invalid --mount target {target}: a local sandbox shows this host's root read-only, "
+            f"so the target must be an existing {kind} here (not a symlink), or lie in /tmp or "
+            "/var/tmp (made private for the sandbox); on docker any target is made"
+        )
 
 
 def plan_for(

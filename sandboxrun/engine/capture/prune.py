@@ -64,7 +64,6 @@ _OURS = re.compile(
     r"|[0-9a-f]{16}(?:\.log)?"
 )
 """The names sandboxrun gives what it makes under the root (nothing else is ever removed)."""
-_BARE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
 _LOCK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _STAMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -80,13 +79,11 @@ class SpillCaps:
 
 
 def parse_age(text: str, *, what: str = ENV_MAX_AGE) -> float | None:
-    """An age cap in seconds: a bare number is hours (``24``), else a duration (``90m``,
-    ``36h``, ``0``); ``off``/``none``/``never``: no cap (None). ``ConfigError`` otherwise."""
+    """An age cap in seconds: a duration (``90m``, ``36h``, ``0``; a bare number is seconds,
+    as for every duration); ``off``/``none``/``never``: no cap (None). ``ConfigError``
+    otherwise."""
     if text.strip().lower() in OFF:
         return None
-    bare = _BARE.match(text)
-    if bare is not None:
-        return float(bare.group(1)) * 3600
     return parse_duration(text, what=what, allow_zero=True)
 
 
@@ -210,19 +207,20 @@ def _scan(root: Path, deadline: float | None) -> list[_Dir]:
     return found
 
 
-def _remove(item: _Dir) -> bool:
+def _remove(item: _Dir, dry_run: bool = False) -> bool:
     """Remove ``item`` (holding its lock, if it has one, meanwhile); False when it is in use
-    now or could not be removed entirely."""
+    now or could not be removed entirely. ``dry_run``: only count it as removed."""
     fd = _lock(item.path) if item.locked else None
     if item.locked and fd is None:
         item.in_use = True
         return False
     try:
-        shutil.rmtree(item.path, ignore_errors=True)  # fd-based: never follows a symlink
+        if not dry_run:
+            shutil.rmtree(item.path, ignore_errors=True)  # fd-based: never follows a symlink
     finally:
         if fd is not None:
             os.close(fd)
-    item.removed = not os.path.lexists(item.path)
+    item.removed = dry_run or not os.path.lexists(item.path)
     return item.removed
 
 
@@ -232,10 +230,12 @@ def prune(
     *,
     now: float | None = None,
     deadline: float | None = None,
+    dry_run: bool = False,
 ) -> PruneReport:
     """Prune ``root`` (default: ``default_spill_root()``) to ``caps`` (default:
     ``caps_from_env()``), as the module says. ``deadline`` (``time.monotonic()``): stop there
-    (``complete`` False). A missing root, a symlink or a root not owned by the user: nothing."""
+    (``complete`` False). A missing root, a symlink or a root not owned by the user: nothing.
+    ``dry_run``: remove nothing; the report says what would have gone."""
     root = default_spill_root() if root is None else root
     caps = caps_from_env() if caps is None else caps
     now = time.time() if now is None else now
@@ -257,7 +257,7 @@ def prune(
                 floor = 0.0 if item.locked else LOCKLESS_GRACE_S
                 if not item.in_use and now - item.newest > max(caps.max_age_s, floor):
                     _check_time(deadline)
-                    if _remove(item):
+                    if _remove(item, dry_run):
                         removed.append(item)
         total = sum(item.size for item in items if not item.removed)
         if caps.max_total is not None and total > caps.max_total:
@@ -271,7 +271,7 @@ def prune(
                 if total <= caps.max_total:
                     break
                 _check_time(deadline)
-                if _remove(item):
+                if _remove(item, dry_run):
                     removed.append(item)
                     total -= item.size
     except _OutOfTime:

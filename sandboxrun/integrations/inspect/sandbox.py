@@ -13,14 +13,15 @@ point): it imports inspect_ai, which is an optional dependency (``sandboxrun[ins
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import errno
 import logging
 import os
 import posixpath
 import shlex
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -74,10 +75,6 @@ from sandboxrun.models import replaced
 
 log = logging.getLogger("sandboxrun")
 
-MKDIR = "/bin/mkdir"
-"""``write_file`` creates missing parent directories with it: by absolute path, as inspect's
-contract asks of anything a provider runs on its own."""
-
 
 class _OpenEnvironments:
     """The environments of one inspect lifecycle scope (an eval batch) not yet cleaned up."""
@@ -101,6 +98,59 @@ def _open_environments() -> set[SandboxrunSandboxEnvironment]:
 def _host_env(config: SandboxrunConfig) -> dict[str, str]:
     """Nothing of the eval's own environment (API keys...) but the names ``pass_env`` asks for."""
     return {name: os.environ[name] for name in config.pass_env if name in os.environ}
+
+
+_BUILT: dict[tuple[str, str | None], str | Exception] = {}
+"""The image each ``image_from`` (and ``dockerfile``) of this process was built as, or why it
+could not be: built (or found up to date) once per process, by the first sample or
+``task_init``; a failed build is not tried again by every later sample."""
+_BUILDING: dict[tuple[str, str | None], threading.Lock] = {}
+_LOCKS = threading.Lock()
+
+
+class _LogProgress:
+    """A build's notes and phases in sandboxrun's log (inspect shows no progress display)."""
+
+    def phase(self, name: str, detail: str = "") -> None:
+        if not detail:
+            log.info("sandboxrun: image build: %s", name)
+
+    def raw(self, line: str) -> None:
+        log.debug("sandboxrun: image build: %s", line)
+
+    def note(self, message: str) -> None:
+        log.info("sandboxrun: image build: %s", message)
+
+
+def _image(config: SandboxrunConfig) -> str | None:
+    """The image a sample runs on: ``image``, or ``image_from`` built (once per process)."""
+    if config.image_from is None:
+        return config.image
+    from sandboxrun.image.source import build_from
+
+    key = (config.image_from, config.dockerfile)
+    with _LOCKS:
+        lock = _BUILDING.setdefault(key, threading.Lock())
+    with lock:  # one build per image; different images build side by side
+        if key not in _BUILT:
+            try:
+                made = build_from(config.image_from, _LogProgress(), dockerfile=config.dockerfile)
+            except SandboxrunError as exc:
+                _BUILT[key] = exc
+            else:
+                _BUILT[key] = made.tag
+        built = _BUILT[key]
+    if isinstance(built, Exception):
+        raise copy.copy(built)  # a fresh one each time (its traceback does not grow)
+    return built
+
+
+def _per_sample(config: str) -> bool:
+    """Whether the config file substitutes a sample's metadata (``SAMPLE_METADATA_<KEY>``)."""
+    try:
+        return "SAMPLE_METADATA_" in Path(config).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False  # (load_config says why)
 
 
 def _owner(config: SandboxrunConfig) -> tuple[int, int] | None:
@@ -155,8 +205,11 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         """Check the config and that its backend can run here (the docker image exists...),
         once, before any sample starts."""
+        if isinstance(config, str) and _per_sample(config):
+            return  # each sample's metadata completes it: checked (and built) per sample
         settings = load_config(config)
-        await anyio.to_thread.run_sync(_probe, settings)
+        image = await anyio.to_thread.run_sync(_image, settings)
+        await anyio.to_thread.run_sync(_probe, settings, image)
 
     @classmethod
     async def sample_init(
@@ -165,13 +218,14 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         config: SandboxEnvironmentConfigType | None,
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
-        env = await cls.open(load_config(config))
+        env = await cls.open(load_config(config, metadata))
         _open_environments().add(env)
         return {"default": env}
 
     @classmethod
     async def open(cls, config: SandboxrunConfig) -> SandboxrunSandboxEnvironment:
         """A sandbox for one sample (what ``sample_init`` returns as ``default``)."""
+        image = await anyio.to_thread.run_sync(_image, config)
         template = config.workspace_path()
         owned = template is None or config.workspace_mode == "copy"
         if owned:
@@ -180,7 +234,7 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
             assert template is not None
             workspace = template
         try:
-            sandbox = _sandbox(config, workspace)
+            sandbox = _sandbox(config, workspace, image)
             await sandbox.__aenter__()
         except BaseException:
             if owned:
@@ -278,6 +332,8 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
                     return await self._start_tools_server(cmd[0], env, timeout)
         stdin = input.encode("utf-8") if isinstance(input, str) else input
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        if self.config.working_dir is not None:  # compose's: the default and the base
+            cwd = posixpath.join(self.config.working_dir, cwd or "")
         plan = plan_cwd(cwd, self.root)
         try:
             try:
@@ -288,7 +344,7 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         except InputError as exc:
             raise ValueError(str(exc)) from exc
         try:
-            result = await self.sandbox.run_request(request)
+            result = await self.sandbox._run_request(request)
         except (SandboxrunError, RuntimeError) as exc:
             raise InspectUnavailable(f"The sandbox cannot run commands: {exc}") from exc
         return to_inspect(
@@ -344,7 +400,7 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         stdin: bytes | None,
         limit: int,
     ) -> ExecRequest:
-        request = self.sandbox.prepare(
+        request = self.sandbox._prepare(
             plan.argv(cmd),
             workdir=plan.workdir,
             env=env or None,
@@ -379,7 +435,7 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         limit: ``OutputLimitExceededError`` (nothing is read past it)."""
         try:
             data = await self.sandbox.read_file(
-                sandbox_path(file), max_bytes=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+                self._path(file), max_bytes=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
             )
         except SandboxFileTooLargeError as exc:
             raise OutputLimitExceededError(
@@ -394,38 +450,19 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
     async def write_file(self, file: str, contents: str | bytes) -> None:
         """Create or replace ``file`` (its missing parent directories are created)."""
         data = contents.encode("utf-8") if isinstance(contents, str) else bytes(contents)
-        path = sandbox_path(file)
         try:
-            await self._write(path, data, file)
-        except FileNotFoundError:
-            parent = posixpath.dirname(path)
-            if parent in ("", ".", "/"):
-                raise
-            await self._mkdir(parent, file)
-            await self._write(path, data, file)
-
-    async def _write(self, path: str, data: bytes, file: str) -> None:
-        try:
-            await self.sandbox.write_file(path, data)
+            await self.sandbox.write_file(self._path(file), data, parents=True)
         except (SandboxFileError, WorkspaceError) as exc:
             raise file_error(exc, file) from exc
         except SandboxrunError as exc:
             raise InspectUnavailable(f"The sandbox cannot write files: {exc}") from exc
 
-    async def _mkdir(self, parent: str, file: str) -> None:
-        result = await self.exec([MKDIR, "-p", "--", parent], timeout=60)
-        if result.success:
-            return
-        said = result.stderr.strip()
-        for words, kind, code in (
-            ("permission denied", PermissionError, errno.EACCES),
-            ("read-only file system", PermissionError, errno.EROFS),
-            ("not a directory", NotADirectoryError, errno.ENOTDIR),
-            ("file exists", NotADirectoryError, errno.ENOTDIR),
-        ):
-            if words in said.lower():
-                raise kind(code, f"cannot create the directory {parent!r}: {said}", file)
-        raise OSError(errno.EIO, f"cannot create the directory {parent!r}: {said}", file)
+    def _path(self, file: str) -> str:
+        """inspect's path as sandboxrun's: a relative one is relative to the ``working_dir``
+        when the config has one (as in inspect's docker sandbox), else to the workspace."""
+        if self.config.working_dir is not None and not file.startswith("/"):
+            return posixpath.join(self.config.working_dir, file)
+        return sandbox_path(file)
 
     # -- connection ---------------------------------------------------------------------------
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
@@ -451,8 +488,9 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         )
 
 
-def _sandbox(config: SandboxrunConfig, workspace: Path) -> Sandbox:
-    """The (unopened) ``Sandbox`` that ``config`` describes, over ``workspace``."""
+def _sandbox(config: SandboxrunConfig, workspace: Path, image: str | None) -> Sandbox:
+    """The (unopened) ``Sandbox`` that ``config`` describes, over ``workspace``, on ``image``
+    (``_image``: ``config.image`` or what ``image_from`` was built as)."""
     return Sandbox(
         workspace,
         backend=config.backend,
@@ -461,17 +499,17 @@ def _sandbox(config: SandboxrunConfig, workspace: Path) -> Sandbox:
         env=config.env,
         pass_env=config.pass_env,
         host_env=_host_env(config),
-        image=config.image,
+        image=image,
         user=config.user,
         login=config.login,
         login_shell=config.login_shell,
     )
 
 
-def _probe(config: SandboxrunConfig) -> None:
+def _probe(config: SandboxrunConfig, image: str | None) -> None:
     """Raise what opening a sandbox with ``config`` would (no container is created)."""
     probe_dir = Path(tempfile.mkdtemp(prefix="sandboxrun-inspect-probe-"))
     try:
-        _sandbox(config, probe_dir).choose_backend()
+        _sandbox(config, probe_dir, image)._choose_backend()
     finally:
         shutil.rmtree(probe_dir, ignore_errors=True)

@@ -1,0 +1,107 @@
+"""One behaviour on every backend (issue 20): what a command can see of the host does not depend
+on which backend runs it.
+
+A workspace that is a home directory (``cd ~ && sandboxrun run -- cat .ssh/id_rsa``): the
+local backends masked its secret paths, docker printed the key."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from sandboxrun import ConfigError, Limits, Mount, Policy, Sandbox, SandboxFileError
+
+pytestmark = pytest.mark.anyio
+
+KEY = "-----BEGIN OPENSSH PRIVATE KEY----- not-a-real-key-4f1c"
+FAST = Limits(grace_s=0.5, drain_s=0.5)
+
+
+async def test_secrets_of_a_home_workspace_are_masked(
+    workspace: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workspace / ".ssh").mkdir()
+    (workspace / ".ssh" / "id_rsa").write_text(KEY)
+    (workspace / ".netrc").write_text(f"machine example.org password {KEY}\n")
+    (workspace / "notes.txt").write_text("not a secret\n")
+    monkeypatch.setenv("HOME", str(workspace))  # the workspace is the invoker's home
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        seen = await sb.exec(
+            shell="cat .ssh/id_rsa; cat .netrc; ls -A .ssh; echo ---; cat notes.txt"
+        )
+        for secret in (".ssh/id_rsa", ".netrc"):
+            with pytest.raises(SandboxFileError):
+                got = await sb.read_file(secret)
+                assert KEY.encode() not in got
+    assert KEY not in seen.stdout + seen.stderr, seen
+    assert seen.stdout.endswith("---\nnot a secret\n"), seen  # the rest stays readable
+    assert "secrets-masked" in seen.isolation
+    assert (workspace / ".ssh" / "id_rsa").read_text() == KEY  # the host's own stays
+
+
+async def test_mounts_show_the_same_on_every_backend(
+    workspace: Path, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--mount SRC:DST[:ro|rw]`` (issue 20): read-only by default, for commands and the files
+    API alike; ``:rw`` writes reach the host; a home directory mounted anywhere keeps its
+    secret paths hidden; a refusal comes before anything starts."""
+    data, out, home = tmp_path / "data", tmp_path / "out", tmp_path / "home"
+    (data / "sub").mkdir(parents=True)
+    (data / "f.txt").write_text("from the host\n")
+    out.mkdir()
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text(KEY)
+    (home / "notes.txt").write_text("not a secret\n")
+    monkeypatch.setenv("HOME", str(home))
+    rw = Mount(source=str(out), target="/var/tmp/rw", read_only=False)
+    policy = Policy(
+        mounts=(Mount.parse(f"{data}:/var/tmp/ro"), rw, Mount.parse(f"{home}:/var/tmp/h"))
+    )
+    async with Sandbox(workspace, backend=backend, limits=FAST, policy=policy) as sb:
+        seen = await sb.exec(
+            shell="cat /var/tmp/ro/f.txt; touch /var/tmp/ro/new 2>&1 | grep -c 'Read-only'; "
+            "echo made > /var/tmp/rw/made.txt; cat /var/tmp/h/notes.txt; "
+            "cat /var/tmp/h/.ssh/id_rsa; ls -A /var/tmp/h/.ssh | wc -l"
+        )
+        assert await sb.read_file("/var/tmp/ro/f.txt") == b"from the host\n"
+        with pytest.raises(SandboxFileError):
+            await sb.write_file("/var/tmp/ro/other.txt", b"x")
+    assert seen.stdout == "from the host\n1\nnot a secret\n0\n", seen
+    assert KEY not in seen.stdout + seen.stderr
+    assert (out / "made.txt").read_text() == "made\n"
+    assert sorted(p.name for p in data.iterdir()) == ["f.txt", "sub"]  # nothing written there
+    with pytest.raises(ConfigError, match="the target is at, in or around the workspace"):
+        Sandbox(
+            workspace, backend=backend, policy=Policy(mounts=(Mount.parse(f"{data}:/workspace/d"),))
+        )
+
+
+async def test_a_mount_source_swapped_after_its_check_is_never_mounted(
+    workspace: Path, backend: str, tmp_path: Path
+) -> None:
+    """Hostile: whoever can write a mount source's directory swaps the checked source for a
+    symlink to a daemon's socket directory between ``Sandbox()`` and ``open()``. The local
+    backends bind the source by fd, checked again when opened; docker checks it again just
+    before the engine resolves it. Either way the open is refused and leaves nothing."""
+    source, doors = tmp_path / "src", tmp_path / "doors"
+    source.mkdir()
+    doors.mkdir()
+    daemon = socket.socket(socket.AF_UNIX)
+    daemon.bind(str(doors / "daemon.sock"))
+    daemon.listen(1)
+    try:
+        mount = Mount.parse(f"{source}:/var/tmp/m")
+        sb = Sandbox(workspace, backend=backend, limits=FAST, policy=Policy(mounts=(mount,)))
+        source.rmdir()
+        source.symlink_to(doors)
+        with pytest.raises(ConfigError, match="its source changed since it was checked"):
+            await sb.open()
+        source.unlink()
+        source.mkdir()
+        async with sb:  # the same Sandbox, its source back: it opens (a failed open is retried)
+            seen = await sb.exec(shell="ls -A /var/tmp/m | wc -l")
+        assert seen.stdout == "0\n", seen
+    finally:
+        daemon.close()
