@@ -245,6 +245,9 @@ class Keeper:
         self.removers: list[anyio.abc.ByteStream] = []
         self.runs: set[anyio.CancelScope] = set()
         """The cancel scopes of the commands running (``end_runs``)."""
+        self.answering = 0
+        """Execs whose last frame is not sent yet: a run that is over still sends its output
+        and result; ending waits for them too (within its bound)."""
         self.sb: Sandbox | None = None
 
     # -- life ------------------------------------------------------------------------------
@@ -364,7 +367,7 @@ class Keeper:
             scope.cancel()
         grace = self.sb.limits.grace_s if self.sb is not None else 0.0
         with anyio.move_on_after(grace + END_RUNS_S):
-            while self.running:  # noqa: ASYNC110 - a count, not an event: polled at shutdown only
+            while self.running or self.answering:  # noqa: ASYNC110 - counts, polled at shutdown
                 await anyio.sleep(0.02)
 
     # -- serving ---------------------------------------------------------------------------
@@ -491,12 +494,25 @@ class Keeper:
         reader: BufferedByteReceiveStream,
         stream: anyio.abc.SocketStream,
     ) -> None:
+        if self.stop.is_set():
+            raise InputError(f"sandbox {self.place.name} is being removed ({self.why})")
+        self.answering += 1
+        try:
+            await self.answer(frame, reader, stream)
+        finally:
+            self.answering -= 1
+
+    async def answer(
+        self,
+        frame: dict[str, Any],
+        reader: BufferedByteReceiveStream,
+        stream: anyio.abc.SocketStream,
+    ) -> None:
+        """One exec, from its frame to its last frame (the result)."""
         from sandboxrun.engine.request import StdinStream
 
         sb = self.sb
         assert sb is not None
-        if self.stop.is_set():
-            raise InputError(f"sandbox {self.place.name} is being removed ({self.why})")
         argv = frame.get("argv")
         shell = frame.get("shell")
         if (argv is None) == (shell is None):
