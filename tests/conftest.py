@@ -63,7 +63,9 @@ def no_leaked_containers() -> Iterator[None]:
     except Exception:  # no engine here: nothing can have leaked
         return
     try:
-        managed = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
+        managed = client.containers.list(
+            all=True, ignore_removed=True, filters={"label": "sandboxrun.managed=true"}
+        )
     except Exception:
         client.close()
         return

@@ -403,7 +403,9 @@ def test_the_owner_sigkilled_with_terminals_open_leaves_nothing(
 
             def left() -> int:
                 label = f"sandboxrun.owner_pid={owner.pid}"
-                return len(engine.containers.list(all=True, filters={"label": label}))
+                return len(
+                    engine.containers.list(all=True, ignore_removed=True, filters={"label": label})
+                )
 
             assert wait_until(lambda: not left(), 5), "the container outlived its owner"
         finally:

@@ -28,7 +28,9 @@ def client() -> Iterator[docker.DockerClient]:
 
 
 def managed_ids(client: docker.DockerClient, owner: int | None = None) -> set[str]:
-    found = client.containers.list(all=True, filters={"label": "sandboxrun.managed=true"})
+    found = client.containers.list(
+        all=True, ignore_removed=True, filters={"label": "sandboxrun.managed=true"}
+    )
     return {
         str(c.id)
         for c in found

@@ -43,6 +43,7 @@ def engine() -> Iterator[docker.DockerClient]:
 def owned_by(engine: docker.DockerClient, pid: int) -> list[str]:
     found = engine.containers.list(
         all=True,
+        ignore_removed=True,
         filters={"label": ["sandboxrun.managed=true", f"sandboxrun.owner_pid={pid}"]},
     )
     return [str(c.id) for c in found]
