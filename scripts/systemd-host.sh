@@ -59,7 +59,7 @@ if [ "${1:-}" = "--bench" ]; then  # bench/systemd.py inside the host, as root
   exit
 fi
 echo "== systemd-scope tests as root (system manager)"
-run_tests root "-e HOME=/root" /src/tests -k "systemd or fallback or Fallback" "$@"
+run_tests root "-e HOME=/root" /src/tests -k "systemd or fallback or Fallback or owner_uid" "$@"
 echo "== systemd-scope tests as a lingering user (user manager)"
 for _ in $(seq 1 60); do  # logind starts the lingering user's manager; it may lag the boot
   docker exec "$name" systemctl is-active --quiet user@1000.service && break

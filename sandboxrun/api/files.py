@@ -245,17 +245,21 @@ class SandboxFiles:
         return fd
 
     def _after_open(self, fd: int, created: bool, *, masked: bool) -> None:
-        """Refuse a masked workspace file; give a file this process created to the docker
-        sandbox's user (root here would leave root-owned files in the workspace)."""
+        """Refuse a masked workspace file; give a file this process created to the sandbox's
+        user (docker's, or a local sandbox's workspace owner: root here would leave root-owned
+        files in the workspace)."""
         try:
             if masked:
                 real = str(Path(f"/proc/self/fd/{fd}").readlink())
                 for hidden in self._masks():
                     if real == hidden or real.startswith(hidden.rstrip("/") + "/"):
                         raise OSError(errno.EACCES, "it is masked by the policy")
-            if created and self.docker and os.geteuid() == 0:
-                uid, _, gid = self.container.user.partition(":")
-                os.fchown(fd, int(uid), int(gid or uid))
+            if created and os.geteuid() == 0:
+                if self.docker:
+                    uid, _, gid = self.container.user.partition(":")
+                    os.fchown(fd, int(uid), int(gid or uid))
+                elif self.view.host_plan is not None and self.view.host_plan.run_as:
+                    os.fchown(fd, *self.view.host_plan.run_as)  # (a local sandbox's owner)
         except BaseException:
             os.close(fd)
             raise

@@ -932,7 +932,7 @@ class Sandbox:
             fallback_reason=self.fallback_reason,
             via=launch.via,
             login_s=login_s,
-            warnings=() if warning is None else (warning,),
+            warnings=(*launch.warnings, *(() if warning is None else (warning,))),
             tty=launch.request.tty is not None,
         )
 

@@ -60,6 +60,7 @@ def _spawn_runner(
         if plan.namespaces:
             pinned = plan.pin_mounts()  # the mounts' sources, bound by fd (no swap after a check)
             argv = plan.bwrap_argv(argv, pinned)
+    ids = None if plan is None else plan.run_as  # a root invoker's: the workspace owner's
     try:
         return subprocess.Popen(
             argv,
@@ -68,6 +69,9 @@ def _spawn_runner(
             stdout=subprocess.DEVNULL,
             env={},  # the runner needs nothing from the host environment (secrets stay out)
             start_new_session=True,  # terminal signals (Ctrl-C) go to the host only
+            user=None if ids is None else ids[0],
+            group=None if ids is None else ids[1],
+            extra_groups=None if ids is None else [],
         )
     finally:
         for fd in pinned.values():  # bwrap has its own copies (it closes them once bound)

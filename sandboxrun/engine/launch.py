@@ -38,6 +38,8 @@ class Launch:
     """How it is started (``ExecResult.via``): supervisor, engine, scope."""
     describe: Callable[[], list[str]] = field(repr=False, compare=False)
     """Makes ``shown`` (only ``--dry-run`` asks: not built for every command)."""
+    warnings: tuple[str, ...] = ()
+    """What its result says of how it runs (a root invoker's run that stays root: why)."""
 
     @property
     def shown(self) -> list[str]:

@@ -43,12 +43,12 @@ if TYPE_CHECKING:
 else:  # the C module: `signal` imports enum, functools, collections (~5 ms a run)
     import _signal as signal
 if TYPE_CHECKING or __package__:  # imported as sandboxrun.supervisor.launcher (the host's tests)
-    from .launchwire import TTY_VAR, decode_plan, decode_spec, frame, json_text
+    from .launchwire import AS_VAR, TTY_VAR, decode_plan, decode_spec, frame, json_text
 else:  # run as a script: its wire module is next to it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from launchwire import TTY_VAR, decode_plan, decode_spec, frame, json_text
+    from launchwire import AS_VAR, TTY_VAR, decode_plan, decode_spec, frame, json_text
 
-__all__ = ["TTY_VAR", "decode_plan", "decode_spec", "frame", "json_text"]
+__all__ = ["AS_VAR", "TTY_VAR", "decode_plan", "decode_spec", "frame", "json_text"]
 
 
 MAX_NAME = 2000
@@ -245,6 +245,18 @@ def main() -> None:
                 pass
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     tty = os.environ.get(TTY_VAR)
+    ids = os.environ.get(AS_VAR)
+    if ids:  # the keeper (above) stays ours; the command and the mirror are the owner's
+        uid, _, gid = ids.partition(":")
+        try:
+            os.setgroups([])
+            os.setresgid(int(gid), int(gid), int(gid))
+            os.setresuid(int(uid), int(uid), int(uid))
+        except (OSError, ValueError) as exc:  # never run the command as root instead
+            frame(
+                status_fd, {"op": "spawn_error", "errno": 0, "error": f"cannot become {ids}: {exc}"}
+            )
+            os._exit(126)
     if plan:
         try:
             if plan.get("ns_fd"):

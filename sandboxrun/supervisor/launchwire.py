@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 TTY_VAR = "SANDBOXRUN_TTY"
 """``ROWS,COLS`` in the launcher's own environment (never the command's): the command runs on a
 new terminal made in the sandbox, whose master goes to the host on the status socket."""
+AS_VAR = "SANDBOXRUN_AS"
+"""``UID:GID`` in the launcher's own environment: it becomes them (no supplementary group)
+before it joins the sandbox (a root invoker's sandbox runs as the workspace's owner)."""
 
 
 def json_text(text: str) -> str:

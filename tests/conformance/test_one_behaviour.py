@@ -6,7 +6,12 @@ local backends masked its secret paths, docker printed the key."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -105,3 +110,61 @@ async def test_a_mount_source_swapped_after_its_check_is_never_mounted(
         assert seen.stdout == "0\n", seen
     finally:
         daemon.close()
+
+
+OWNER = 4242
+
+
+def python_runs_as(uid: int) -> bool:
+    """The oracle: whether ``uid`` can run this Python at all (a root invoker's own interpreter
+    under ``/root`` cannot be run by another uid: then the rule cannot apply here)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", ""], user=uid, group=uid, extra_groups=[],
+            capture_output=True, timeout=30, check=False, env={},
+        )  # fmt: skip
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+async def test_owner_uid_rule_of_a_root_invoker(backend: str) -> None:
+    """As root, with a workspace another uid owns: the command runs as that uid on every
+    backend (docker did; process-group ran as root without capabilities and got EACCES with no
+    word why), and the files the command and the files API create are that uid's; where it
+    cannot, the result says why in one line."""
+    if os.geteuid() != 0:
+        pytest.skip("the rule is a root invoker's")
+    top = Path(tempfile.mkdtemp(prefix="sandboxrun-owner-", dir="/tmp"))
+    try:
+        top.chmod(0o755)  # (pytest's own tmp_path is root's 0700: no other uid reaches it)
+        ws = top / "ws"
+        ws.mkdir()
+        os.chown(ws, OWNER, OWNER)
+        strict = backend == "docker" or python_runs_as(OWNER)
+        async with Sandbox(ws, backend=backend, limits=FAST) as sb:
+            seen = await sb.exec(shell="id -u; id -g; touch made && echo made")
+            if strict and backend != "docker":
+                await sb.write_file("sub/by-api.txt", b"x", parents=True)
+                # the sandbox's own PID 1 (runner, holder) is that uid too; what it cannot
+                # search is masked whole (no mount left undone), what it can is masked as is
+                inside = await sb.exec(
+                    shell="awk '/^Uid:/ {print $2}' /proc/1/status; ls -A /root && echo listed;"
+                    " test -c /etc/shadow && echo null"
+                )
+                assert inside.stdout == f"{OWNER}\nlisted\nnull\n", inside
+        if strict:
+            assert seen.stdout == f"{OWNER}\n{OWNER}\nmade\n", seen
+            assert not [w for w in seen.warnings if "workspace's owner" in w], seen
+            assert (ws / "made").stat().st_uid == OWNER
+            assert "non-root" in seen.isolation or backend == "docker", seen.isolation
+            if backend != "docker":
+                assert (ws / "sub").stat().st_uid == OWNER
+                assert (ws / "sub" / "by-api.txt").stat().st_uid == OWNER
+        else:  # it says why, in one line, and runs as root (no layer dropped for it)
+            said = [w for w in seen.warnings if "workspace's owner" in w]
+            assert len(said) == 1 and "\n" not in said[0], seen.warnings
+            assert f"uid {OWNER}" in said[0], said
+            assert seen.stdout.startswith("0\n0\n"), seen
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

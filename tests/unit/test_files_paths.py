@@ -315,7 +315,7 @@ def host_files(tmp_path: Path) -> SandboxFiles:
     (ws / "hello.txt").write_text("hello\n")
     (tmp_path / "secret").write_text("host secret")
     (tmp_path / "public").write_text("public")
-    plan = SimpleNamespace(namespaces=False, off=False)
+    plan = SimpleNamespace(namespaces=False, off=False, run_as=None)
     view = SandboxView(home=None, supervisor=None, host_plan=plan)  # type: ignore[arg-type]
     backend = SimpleNamespace(name="systemd-scope", view=lambda: view)
     return SandboxFiles(
@@ -370,7 +370,7 @@ async def test_host_route_walks_the_workspace_beneath(
 
 @pytest.mark.anyio
 async def test_host_route_writes_with_full_access(host_files: SandboxFiles, tmp_path: Path) -> None:
-    host_files.plan = SimpleNamespace(namespaces=False, off=True)  # type: ignore[assignment]
+    host_files.plan = SimpleNamespace(namespaces=False, off=True, run_as=None)  # type: ignore[assignment]
     await host_files.write_file(f"{tmp_path}/made", b"made", 0o600)
     assert (tmp_path / "made").read_bytes() == b"made"
     (tmp_path / "dangling").symlink_to("made-through-link")

@@ -33,6 +33,7 @@ from sandboxrun.backends.docker.config import BASE_IMAGE
 from sandboxrun.backends.docker.engine_exec import NO_ENGINE_TERMINAL, DockerRun, start_timeout
 from sandboxrun.backends.docker.session import ContainerSession
 from sandboxrun.backends.docker.watchdog import Watchdog
+from sandboxrun.backends.owner import owner_of
 from sandboxrun.backends.secrets import secret_paths
 from sandboxrun.backends.supervised import SupervisedRun, start_supervised
 from sandboxrun.engine import argv, results
@@ -160,13 +161,8 @@ class DockerBackend:
         self.policy = policy
         self.limits = limits
         self.image = image or BASE_IMAGE
-        owner: tuple[int, int] | None = None
-        if user is None and os.geteuid() == 0:  # root runs the command as the owner, if not root
-            try:
-                st = workspace.root.stat()
-                owner = (st.st_uid, st.st_gid)
-            except OSError:
-                owner = None
+        # root runs the command as the workspace's owner, if not root (as the local backends)
+        owner = owner_of(workspace.root) if user is None else None
         self.user = cfg.parse_user(user, owner=owner)
         self.session = ContainerSession(self.user)
         """The container, as this backend and its engine-path runs share it."""

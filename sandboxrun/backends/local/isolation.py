@@ -3,7 +3,8 @@
 A local sandbox gets one set of namespaces, like one container: bubblewrap (``bwrap``) starts
 the sandbox's supervisor (the process-group runner, or systemd-scope's namespace holder) as PID
 1 of new mount, PID, IPC and UTS namespaces (network too under ``network none``; a user
-namespace where the invoker is not root; every capability dropped where it is). Inside it the
+namespace where the sandbox's uid is not root, a root invoker's workspace owner included:
+``backends.owner``; every capability dropped where it is root). Inside it the
 host is read-only, the workspace is writable per policy, ``/tmp``, ``/var/tmp`` and ``/dev/shm``
 are private, ``/dev`` is minimal, ``/run`` (every daemon's socket: Docker, containerd, D-Bus,
 systemd) and the secret-bearing paths of the home directories are masked. Then, inside, the
@@ -17,6 +18,7 @@ This module is pure but for ``probe_host`` (what this host can give, cached) and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxrun import supervisor
+from sandboxrun.backends.owner import masks_for, own_home, run_as
 from sandboxrun.backends.secrets import ROOT_SECRETS, SECRET_PATHS, host_homes, runtime_dir
 from sandboxrun.engine.mounts import masked_inside
 from sandboxrun.errors import ConfigError
@@ -63,8 +66,9 @@ class HostSupport:
     landlock_abi: int
     seccomp: bool
 
-    def layers(self, policy: Policy) -> tuple[str, ...]:
-        """The isolation names a local backend gives under ``policy`` on this host."""
+    def layers(self, policy: Policy, root: bool | None = None) -> tuple[str, ...]:
+        """The isolation names a local backend gives under ``policy`` on this host (``root``:
+        whether its commands run as root; default: whether this process is root)."""
         if policy.access == "danger-full-access":
             return ()
         names: list[str] = []
@@ -74,7 +78,7 @@ class HostSupport:
                 names.append("network-none")
             if policy.access == "read-only":
                 names.append("read-only-workspace")
-        if os.geteuid() != 0:
+        if not (os.geteuid() == 0 if root is None else root):
             names.append("non-root")
         if self.landlock_abi:  # alone it limits writes, but not reads or connect() to a
             names.append("landlock")  # host socket: it never stands for read-only-root
@@ -107,6 +111,18 @@ class LocalPlan:
     tools: tuple[Path, ...] = ()
     """Directories the caller prepends to PATH: shown read-only where a private directory
     (``/tmp``...) would hide them."""
+    run_as: tuple[int, int] | None = None
+    """``(uid, gid)`` the sandbox runs as: a root invoker's workspace owner (``owner``)."""
+    run_as_why: str | None = None
+    """Why a root invoker's sandbox runs as root although the workspace is another uid's."""
+
+    @property
+    def as_root(self) -> bool:
+        """Whether the sandbox's processes are root (every capability dropped)."""
+        return os.geteuid() == 0 and self.run_as is None
+
+    def layers(self) -> tuple[str, ...]:
+        return self.support.layers(self.policy, root=self.as_root)
 
     @property
     def off(self) -> bool:
@@ -169,7 +185,15 @@ class LocalPlan:
             found += [home / rel for rel in SECRET_PATHS]
         if os.geteuid() == 0:
             found += [Path(p) for p in ROOT_SECRETS]
-        return [*found, *self.extra_masks, *self.env_sockets]
+        found = [*found, *self.extra_masks, *self.env_sockets]
+        if self.run_as is None:
+            return found
+        # As the workspace's owner: where that uid cannot resolve a secret, bwrap (as that uid)
+        # could not mount over it: the directory above it that it cannot search goes instead.
+        uid, gid = self.run_as
+        known = (self.workspace, *(Path(m.source) for m in self.policy.mounts))
+        known += (*self.shown_tools(), *(Path(os.path.realpath(d)) for d in runtime_dirs()))
+        return masks_for(found, uid, gid, known)
 
     def pin_mounts(self) -> dict[str, int]:
         """An ``O_PATH`` fd of each mount's source (by target), opened now and checked again
@@ -210,7 +234,7 @@ class LocalPlan:
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if self.policy.network == "none":
             argv.append("--unshare-net")
-        if os.geteuid() == 0:
+        if self.as_root:
             argv += ["--cap-drop", "ALL"]
         else:
             argv.append("--unshare-user")
@@ -343,6 +367,13 @@ def local_plan(
         env_sockets=env_sockets(host_env),
         tools=tuple(Path(os.path.abspath(t)) for t in (*tools, *runtime_dirs())),
     )
+    bound = (*(m.source for m in policy.mounts), *map(str, plan.shown_tools()))
+    ids, why = run_as(
+        workspace, plan.support.bwrap if plan.namespaces else None, runtime_dirs(), bound
+    )
+    home = None if ids is None else own_home(ids[0])  # (its secrets are the command's to read)
+    homes = plan.homes if home is None else tuple(dict.fromkeys((*plan.homes, home)))
+    plan = dataclasses.replace(plan, run_as=ids, run_as_why=why, homes=homes)
     if policy.mounts and not plan.namespaces:
         why = (
             "danger-full-access runs with no sandbox of its own"
@@ -445,13 +476,25 @@ def verified_layers(
         kinds = ["pid", "mnt", "ipc", "uts"] + (["net"] if plan.policy.network == "none" else [])
         ns_ok = all(ns_differs(inner_pid, kind, reported or {}) for kind in kinds)
     layers = []
-    for name in plan.support.layers(plan.policy):
+    for name in plan.layers():
         if name in ("landlock", "seccomp", "no-new-privileges"):
             ok = name in applied
-        elif plan.namespaces:
-            ok = ns_ok or name == "non-root"
+        elif name == "non-root":
+            ok = inner_pid is None or uid_of(inner_pid) != 0  # (unreadable: as planned)
         else:
-            ok = name == "non-root"
+            ok = plan.namespaces and ns_ok
         if ok:
             layers.append(name)
     return layers
+
+
+def uid_of(pid: int) -> int | None:
+    """The real uid of ``pid`` (its ``/proc`` status), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

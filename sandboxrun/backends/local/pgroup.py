@@ -64,6 +64,11 @@ def local_env(request: ExecRequest, plan: LocalPlan | None = None) -> dict[str, 
     return env
 
 
+def owner_warning(plan: LocalPlan | None) -> tuple[str, ...]:
+    """A root invoker's run that stays root in another uid's workspace: why, in its result."""
+    return () if plan is None or plan.run_as_why is None else (plan.run_as_why,)
+
+
 def local_command(request: ExecRequest) -> list[str]:
     """The argv that runs ``request`` on the host (``argv.command``; the default shell is
     the host's bash, else sh)."""
@@ -121,6 +126,7 @@ class ProcessGroupBackend:
             isolation=[*ISOLATION, *self._layers],
             via="supervisor",
             describe=lambda: list(command),
+            warnings=owner_warning(self._plan),
         )
 
     def view(self) -> SandboxView:

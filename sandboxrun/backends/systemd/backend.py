@@ -26,7 +26,7 @@ from sandboxrun import supervisor
 from sandboxrun.backends.base import Context, Probe, SandboxView, log
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.local.isolation import SANDBOX_HOME, ns_differs, plan_for, probe_host
-from sandboxrun.backends.local.pgroup import local_command, local_env
+from sandboxrun.backends.local.pgroup import local_command, local_env, owner_warning
 from sandboxrun.backends.systemd import config as cfg
 from sandboxrun.backends.systemd.scope import ScopeRun, read_text
 from sandboxrun.engine import results
@@ -44,7 +44,7 @@ from sandboxrun.models import (
     limit_guarantees,
 )
 from sandboxrun.supervisor import launchwire
-from sandboxrun.supervisor.launchwire import TTY_VAR
+from sandboxrun.supervisor.launchwire import AS_VAR, TTY_VAR
 from sandboxrun.supervisor.protocol import clip
 
 BASE_ISOLATION = ("cgroup", "own-session", "descendant-sweep")
@@ -74,13 +74,20 @@ def manager_env(mode: cfg.Mode) -> dict[str, str]:
     return env
 
 
-def launcher_env(mode: cfg.Mode, tty: PtyControl | None) -> dict[str, str]:
-    """systemd-run's environment, which its scope's launcher inherits: ``manager_env``, and
-    for a run on a terminal its size (``launcher.TTY_VAR``; never the command's own)."""
+def launcher_env(
+    mode: cfg.Mode, tty: PtyControl | None, ids: tuple[int, int] | None = None
+) -> dict[str, str]:
+    """systemd-run's environment, which its scope's launcher inherits: ``manager_env``, for
+    a run on a terminal its size (``launcher.TTY_VAR``; never the command's own), and the
+    ``uid:gid`` the launcher becomes before it joins the sandbox (``AS_VAR``: a root invoker's
+    workspace owner; systemd-run's ``--uid`` resolves ids through NSS, and the owner of a
+    workspace need not have a passwd entry)."""
     env = manager_env(mode)
     if tty is not None:
         rows, cols = tty.spawn_options().values()
         env[TTY_VAR] = f"{rows},{cols}"
+    if ids is not None:
+        env[AS_VAR] = f"{ids[0]}:{ids[1]}"
     return env
 
 
@@ -242,7 +249,7 @@ class SystemdScopeBackend:
                 extra = ("user", "net")
                 self._ns_extra = [k for k in extra if ns_differs(inner, k, holder.namespaces)]
         else:  # Landlock and seccomp only: each launcher applies them (probed, not verified)
-            self._layers = list(plan.support.layers(plan.policy))
+            self._layers = list(plan.layers())
 
     async def revive(self) -> None:
         """Replace a namespace holder that is gone or was declared dead (it ended itself: a
@@ -350,6 +357,7 @@ class SystemdScopeBackend:
             isolation=self._isolation(request),
             via="scope",
             describe=lambda: self._systemd_run_argv(request, command),
+            warnings=owner_warning(self._plan),
         )
 
     def _systemd_run_argv(self, request: ExecRequest, inner: list[str]) -> list[str]:
@@ -418,7 +426,9 @@ class SystemdScopeBackend:
                     stderr=status_w,
                     pass_fds=tuple(dict.fromkeys(child_fds)),
                     start_new_session=True,
-                    env=launcher_env(self.mode, tty),
+                    env=launcher_env(
+                        self.mode, tty, None if self._plan is None else self._plan.run_as
+                    ),
                 )
             except OSError as exc:
                 raise NotStarted("sandbox_error", str(exc)) from None

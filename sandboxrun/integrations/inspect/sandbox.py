@@ -177,11 +177,20 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         """The host directory mapped at ``/workspace`` (docker)."""
         self.owned = owned
         """Whether the workspace is this sample's own (removed at cleanup)."""
-        container = sandbox.backend.view().container
+        view = sandbox.backend.view()
+        container = view.container
         self.root = str(CONTAINER_ROOT) if container is not None else str(workspace)
         """The workspace as the sandbox sees it: relative paths are relative to it."""
-        self.uid = int(container.user.split(":")[0]) if container is not None else os.geteuid()
-        """The uid every command runs as."""
+        ids = None if view.host_plan is None else view.host_plan.run_as
+        self.uid = (
+            int(container.user.split(":")[0])
+            if container is not None
+            else ids[0]
+            if ids is not None
+            else os.geteuid()
+        )
+        """The uid every command runs as (a root invoker's local sandbox: the workspace
+        owner's, ``backends.owner``)."""
         self._users: dict[str, int] | None = None
         self._closed = False
         self._tools: Job | None = None
