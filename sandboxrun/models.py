@@ -98,6 +98,10 @@ class Policy(BaseModel):
     mounts: tuple[Mount, ...] = ()
     """Host paths shown inside beside the workspace (``Mount``; ``"SRC:DST[:ro|rw]"`` strings
     are parsed), on every backend; a secret path under a source stays masked."""
+    workspace_at: Literal["sandbox", "host"] = "sandbox"
+    """Where the commands start and see the workspace: ``sandbox``, ``/workspace`` on every
+    backend (the local ones bind it there too, its host path kept); ``host``, its host path as
+    their working directory on the local backends (docker has only ``/workspace``)."""
 
     @field_validator("mounts", mode="before")
     @classmethod

@@ -98,9 +98,11 @@ class SandboxFiles:
         self._mask_cache: list[str] | None = None
         self.view = view = backend.view()
         self.docker = view.container is not None
-        self.root = str(CONTAINER_ROOT) if self.docker else str(workspace.root)
-        """The workspace in the sandbox's view."""
         self.plan = view.host_plan
+        inside = None if self.plan is None else self.plan.inside_root
+        self.root = str(CONTAINER_ROOT) if self.docker else inside or str(workspace.root)
+        """The workspace in the sandbox's view (a local sandbox's own: also at its host
+        path, which names the same files)."""
         self.home = home if home is not None else (view.home or host_home or "/")
         """The sandbox's ``HOME`` (``~``): the one it was given, else its backend's default."""
         self.supervisor: RunnerClient | None = view.supervisor
@@ -123,7 +125,8 @@ class SandboxFiles:
         return ArchiveFiles(lambda: self.container, self.root, self.home)
 
     def target(self, path: str | os.PathLike[str]) -> Target:
-        return resolve(path, root=self.root, home=self.home)
+        alias = str(self.workspace.root) if self.root != str(self.workspace.root) else None
+        return resolve(path, root=self.root, home=self.home, alias=None if self.docker else alias)
 
     # -- the API ------------------------------------------------------------------------------
     async def read_file(self, path: str | os.PathLike[str], max_bytes: int) -> bytes:

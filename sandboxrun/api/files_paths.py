@@ -78,11 +78,13 @@ PATH_MAX = 4096
 anything opens it."""
 
 
-def resolve(path: str | os.PathLike[str], *, root: str, home: str) -> Target:
+def resolve(
+    path: str | os.PathLike[str], *, root: str, home: str, alias: str | None = None
+) -> Target:
     """Classify ``path`` (pure): relative -> workspace-relative; ``~`` -> ``home``; absolute ->
-    the workspace when under ``root`` (the workspace in the sandbox's view), else outside.
-    ``..`` may not climb out of the workspace (``WorkspaceError``); symlinks are judged when the
-    path is opened."""
+    the workspace when under ``root`` (the workspace in the sandbox's view) or ``alias`` (its
+    other path there: a local sandbox's host path), else outside. ``..`` may not climb out of
+    the workspace (``WorkspaceError``); symlinks are judged when the path is opened."""
     shown = os.fspath(path)
     if not isinstance(shown, str):
         raise ConfigError(f"path {shown!r} must be a str (or os.PathLike[str])")
@@ -103,8 +105,10 @@ def resolve(path: str | os.PathLike[str], *, root: str, home: str) -> Target:
             raise WorkspaceError(f"path {shown!r} escapes the workspace (by '..')")
         return Target(shown, root if rel == "." else posixpath.join(root, rel), rel)
     norm = "/" + posixpath.normpath(text).lstrip("/")
-    if norm == root or norm.startswith(root.rstrip("/") + "/"):
-        return Target(shown, norm, posixpath.relpath(norm, root))
+    for base in (root, alias):
+        if base is not None and (norm == base or norm.startswith(base.rstrip("/") + "/")):
+            rel = posixpath.relpath(norm, base)
+            return Target(shown, root if rel == "." else posixpath.join(root, rel), rel)
     return Target(shown, norm, None)
 
 

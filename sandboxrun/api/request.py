@@ -27,6 +27,22 @@ def check_encodable(value: str) -> None:
         raise ConfigError(f"{value!r} cannot be passed to a process: {exc.reason}") from None
 
 
+def mapped_masks(masks: tuple[str, ...], workspace: Workspace) -> tuple[str, ...]:
+    """``--mask /workspace/x``, as the commands see the workspace, is the workspace's ``x``
+    (where this host has no ``/workspace`` of its own: a host path stays a host path)."""
+    from sandboxrun.engine.paths import CONTAINER_ROOT
+
+    if os.path.lexists(CONTAINER_ROOT):
+        return masks
+    out = []
+    for mask in masks:
+        norm = os.path.normpath(mask) if mask.startswith("/") else mask
+        if norm == str(CONTAINER_ROOT) or norm.startswith(f"{CONTAINER_ROOT}/"):
+            mask = str(workspace.to_host(norm))
+        out.append(mask)
+    return tuple(out)
+
+
 def check_mask(mask: str, root: Path) -> None:
     """A ``mask`` path must be absolute-able, and may not hold the workspace (it could not be
     hidden from a command that works in it)."""

@@ -112,6 +112,9 @@ class Sandbox:
         of the spill root (``sandboxrun.engine.capture.prune``: 24 h, 1 GiB by default)."""
         self.workspace = Workspace.open(workspace)
         self.policy = policy or Policy()
+        masks = prepared.mapped_masks(self.policy.mask, self.workspace)
+        if masks != self.policy.mask:  # ``/workspace/...``: the workspace's, on every backend
+            self.policy = replaced(self.policy, mask=masks)
         for mask in self.policy.mask:
             prepared.check_mask(mask, self.workspace.root)
         if self.policy.mounts:  # each source resolved, every refusal before anything starts
@@ -839,7 +842,13 @@ class Sandbox:
         if result.status not in denial.DIAGNOSED:
             return result
         try:
-            facts = denial.host_facts(result, self.workspace.root, workdir=request.workdir)
+            plan = self.backend.view().host_plan
+            facts = denial.host_facts(
+                result,
+                self.workspace.root,
+                workdir=request.workdir,
+                mapped=plan is not None and plan.inside_root is not None,
+            )
             found = denial.diagnose(result, request.policy, facts, request.limits)
         except Exception:  # a diagnosis is a courtesy: the result stands without it
             log.debug("sandboxrun: diagnosing run %s failed", result.run_id, exc_info=True)

@@ -145,33 +145,42 @@ def masks_for(
     return list(dict.fromkeys(out))
 
 
-def owner_argv(bwrap: str | None, runtime: tuple[str, ...]) -> list[str]:
+def owner_argv(
+    bwrap: str | None, runtime: tuple[str, ...], root: tuple[str, ...] = ("--ro-bind", "/", "/")
+) -> list[str]:
     """The trial: this Python reading the runner (in a user namespace of bubblewrap's, where
-    the sandbox has one, with ``runtime``, where sandboxrun runs from, shown as it is there)."""
+    the sandbox has one, with its ``root``'s arguments, and ``runtime``, where sandboxrun runs
+    from, shown as it is there)."""
     runner = str(Path(supervisor.HERE, "runner.py"))
     python = [sys.executable, "-I", "-S", "-c", f"open({runner!r}, 'rb').close()"]
     if bwrap is None:
         return python
     trial = [bwrap, "--die-with-parent", "--unshare-user", "--unshare-pid", "--as-pid-1"]
-    trial += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    trial += [*root, "--dev", "/dev", "--proc", "/proc"]
     trial += ["--tmpfs", "/tmp"]  # noqa: S108 - private inside, as the sandbox's
     for own in runtime:
         trial += ["--ro-bind", own, own]
     return [*trial, "--", *python]
 
 
-STARTS: dict[tuple[int, int, str | None, tuple[str, ...]], None] = {}
+STARTS: dict[tuple[int, int, str | None, tuple[str, ...], tuple[str, ...]], None] = {}
 """The trials that passed (a failed one is tried again: a busy host may have timed it out)."""
 
 
-def owner_start(uid: int, gid: int, bwrap: str | None, runtime: tuple[str, ...]) -> str | None:
+def owner_start(
+    uid: int,
+    gid: int,
+    bwrap: str | None,
+    runtime: tuple[str, ...],
+    root: tuple[str, ...] = ("--ro-bind", "/", "/"),
+) -> str | None:
     """None when a sandbox can start as ``uid``/``gid`` here, else why not (one line)."""
-    key = (uid, gid, bwrap, runtime)
+    key = (uid, gid, bwrap, runtime, root)
     if key in STARTS:
         return None
     try:
         done = subprocess.run(
-            owner_argv(bwrap, runtime),
+            owner_argv(bwrap, runtime, root),
             capture_output=True,
             timeout=10,
             check=False,
@@ -197,6 +206,7 @@ def run_as(
     bwrap: str | None,
     runtime: tuple[str, ...],
     shown: tuple[str, ...] = (),
+    root: tuple[str, ...] = ("--ro-bind", "/", "/"),
 ) -> tuple[tuple[int, int] | None, str | None]:
     """``(ids, None)``: commands run as the workspace owner; ``(None, why)``: they run as
     root and ``why`` says so; ``(None, None)``: no rule applies (not root, or root's own
@@ -213,7 +223,7 @@ def run_as(
                 f"commands run as root, not as the workspace's owner (uid {uid}): uid {uid} "
                 f"cannot reach {real}"
             )
-    why = owner_start(uid, gid, bwrap, runtime)
+    why = owner_start(uid, gid, bwrap, runtime, root)
     if why is not None:
         return None, f"commands run as root, not as the workspace's owner (uid {uid}): {why}"
     return ids, None

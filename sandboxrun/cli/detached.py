@@ -95,6 +95,9 @@ def create(
         list[str] | None,
         typer.Option("--mount", metavar="SRC:DST[:ro|rw]", help="as run's (repeatable)"),
     ] = None,
+    workspace_at: Annotated[
+        str, typer.Option("--workspace-at", metavar="sandbox|host", help="as run's")
+    ] = "sandbox",
     ttl: Annotated[
         str | None,
         typer.Option(
@@ -120,7 +123,12 @@ def create(
         from sandboxrun.cli import settings
         from sandboxrun.cli.env_input import explicit_env
         from sandboxrun.cli.report import json_line, use_secrets, write_out
-        from sandboxrun.cli.run import built_image, checked_limits, image_in_force
+        from sandboxrun.cli.run import (
+            built_image,
+            checked_limits,
+            checked_workspace_at,
+            image_in_force,
+        )
         from sandboxrun.detached import client
         from sandboxrun.units import parse_duration
 
@@ -148,6 +156,7 @@ def create(
                 "strict": strict,
                 "allow_degraded": allow_degraded,
                 "mask_output": not no_mask,
+                "workspace_at": checked_workspace_at(workspace_at),
             },
             "limits": dataclasses.asdict(checked),
         }

@@ -88,6 +88,16 @@ def checked_limits(values: dict[str, settings.Value]) -> RunLimits:
         raise type(exc)(settings.blame(str(exc), values)) from None
 
 
+def checked_workspace_at(value: str) -> Literal["sandbox", "host"]:
+    """``--workspace-at``'s value, or a usage error naming the two."""
+    if value not in ("sandbox", "host"):
+        raise InputError(
+            f"invalid --workspace-at {value!r}: expected sandbox (/workspace) or host (the "
+            "workspace's host path)"
+        )
+    return cast("Literal['sandbox', 'host']", value)
+
+
 def image_in_force(values: dict[str, settings.Value], image_from: Path | None) -> str | None:
     """The ``image`` setting, or None under ``--image-from`` (built by ``built_image`` once
     everything else is checked). ``--image`` and ``--image-from`` together are refused, as is
@@ -545,6 +555,17 @@ def run(
             show_default=False,
         ),
     ] = None,
+    workspace_at: Annotated[
+        str,
+        typer.Option(
+            "--workspace-at",
+            metavar="sandbox|host",
+            help="where the command starts: /workspace on every backend (sandbox; a local "
+            "one without bubblewrap has only the host path), or the workspace's host path on "
+            "the local backends (host) (default: sandbox)",
+            show_default=False,
+        ),
+    ] = "sandbox",
     mask: Annotated[
         list[str] | None,
         typer.Option(
@@ -618,6 +639,7 @@ def run(
                 mask=tuple(mask or ()),
                 mask_output=not no_mask,
                 mounts=tuple(mounts or ()),
+                workspace_at=checked_workspace_at(workspace_at),
             ),
             limits=limits,
             env=explicit,

@@ -372,6 +372,8 @@ def diagnose(
 
 
 def _host_path(text: str, root: Path, workdir: Path, container: bool) -> Path | None:
+    """``container``: ``/workspace/...`` is the workspace's (a container's, or a local
+    sandbox's second view of it)."""
     if container and (text == str(CONTAINER_ROOT) or text.startswith(f"{CONTAINER_ROOT}/")):
         try:
             return Workspace(root).to_host(text)
@@ -387,9 +389,12 @@ def _nearest_existing(path: Path) -> Path:
     return Path("/")
 
 
-def path_facts(text: str, root: Path, workdir: Path, container: bool) -> PathFacts | None:
-    """The host's view of one evidence path (``/workspace/...`` mapped for a container)."""
-    host = _host_path(text, root, workdir, container)
+def path_facts(
+    text: str, root: Path, workdir: Path, container: bool, *, mapped: bool = False
+) -> PathFacts | None:
+    """The host's view of one evidence path (``/workspace/...`` mapped for a container, and
+    for a local sandbox that shows the workspace there: ``mapped``)."""
+    host = _host_path(text, root, workdir, container or mapped)
     if host is None or "\0" in str(host):
         return None
     try:
@@ -406,18 +411,23 @@ def path_facts(text: str, root: Path, workdir: Path, container: bool) -> PathFac
 
 
 def host_facts(
-    result: ExecResult, workspace_root: Path, *, workdir: Path | None = None
+    result: ExecResult,
+    workspace_root: Path,
+    *,
+    workdir: Path | None = None,
+    mapped: bool = False,
 ) -> HostFacts:
     """Gather what ``diagnose`` needs about ``result`` from the host (a few ``stat``s; the
     workspace's ``statvfs`` only when a failed command printed nothing). Never raises for a
-    path it cannot look at: that path is simply not judged."""
+    path it cannot look at: that path is simply not judged. ``mapped``: a local sandbox that
+    shows the workspace at ``/workspace`` too (its paths there are the workspace's)."""
     if result.status not in DIAGNOSED:
         return HostFacts()
     root = Path(os.path.realpath(workspace_root))
     container = result.backend == "docker"
     paths: dict[str, PathFacts] = {}
     for text in evidence_paths(result):
-        seen = path_facts(text, root, workdir or root, container)
+        seen = path_facts(text, root, workdir or root, container, mapped=mapped)
         if seen is not None:
             paths[text] = seen
     free_bytes = free_inodes = None

@@ -168,3 +168,40 @@ async def test_owner_uid_rule_of_a_root_invoker(backend: str) -> None:
             assert seen.stdout.startswith("0\n0\n"), seen
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+async def test_the_workspace_is_at_slash_workspace_on_every_backend(
+    workspace: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``auto`` falling back to process-group the workspace moved from ``/workspace`` to
+    the host path (``list_dir("/workspace")``: not found). Now one path everywhere: the
+    commands start there, the files API and a denial take it as the workspace's; a local
+    sandbox keeps the host path too (the same files), its secrets masked in both places."""
+    (workspace / ".ssh").mkdir()
+    (workspace / ".ssh" / "id_rsa").write_text(KEY)
+    monkeypatch.setenv("HOME", str(workspace))
+    async with Sandbox(workspace, backend=backend, limits=FAST) as sb:
+        seen = await sb.exec(
+            shell="pwd; echo $PWD; cat /workspace/hello.txt; echo made > /workspace/sub/m;"
+            " cat /workspace/.ssh/id_rsa; ls -A /workspace/.ssh | wc -l",
+            workdir="sub",
+        )
+        names = [e.name for e in await sb.list_dir("/workspace")]
+        assert await sb.read_file("/workspace/sub/m") == b"made\n"
+        await sb.write_file("/workspace/sub/api", b"api")
+        at = await sb.exec(["pwd"], workdir="/workspace/sub/dir")
+        if backend != "docker":  # the host path: the same files, the same checks
+            host = await sb.exec(shell=f"cat {workspace}/.ssh/id_rsa; cat {workspace}/sub/m")
+            assert host.stdout == "made\n" and KEY not in host.stdout + host.stderr, host
+    assert seen.stdout.startswith("/workspace/sub\n/workspace/sub\nhello\n"), seen
+    assert seen.stdout.endswith("0\n"), seen  # the secret's directory shown empty
+    assert KEY not in seen.stdout + seen.stderr, seen
+    assert "hello.txt" in names and "sub" in names, names
+    assert (workspace / "sub" / "m").read_text() == "made\n"
+    assert (workspace / "sub" / "api").read_bytes() == b"api"
+    assert at.stdout == "/workspace/sub/dir\n", at
+    ro = Policy(access="read-only")
+    async with Sandbox(workspace, backend=backend, limits=FAST, policy=ro) as sb:
+        denied = await sb.exec(shell="touch /workspace/sub/new")
+    assert denied.denial is not None and denied.denial.kind == "filesystem", denied
+    assert denied.denial.escalate_to == ro.model_copy(update={"access": "workspace-write"})

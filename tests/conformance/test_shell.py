@@ -43,7 +43,7 @@ async def test_state_persists_and_exit_codes_are_exact(workspace: Path, sh_backe
 
 
 def _cwd(sb: Sandbox) -> str:
-    return "/workspace" if sb.backend.name == "docker" else str(sb.workspace.root)
+    return str(sb.workspace.root) if sb.backend.name == "fake" else "/workspace"
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def test_exit_status_and_json(workspace: Path, args: list[str], code: int, statu
 def test_json_holds_output_and_facts(workspace: Path) -> None:
     rc, data = run_json(workspace, "-C", "sub", "--", "sh", "-c", "pwd; echo e >&2")
     assert rc == 0
-    assert data["stdout"] == f"{(workspace / 'sub').resolve()}\n"
+    assert data["stdout"] == "/workspace/sub\n"  # (as on every backend)
     assert data["stderr"] == "e\n"
     assert data["backend"] == "process-group"
     assert data["argv"] == ["sh", "-c", "pwd; echo e >&2"]
@@ -473,7 +473,7 @@ def test_run_help_documents_every_option() -> None:
         takes_value = len(signature.split(", ")[-1].split()) > 1  # "--timeout DURATION"
         if takes_value:
             assert "default" in text, f"{signature}: no default in {text!r}"
-    assert "stdin is closed" in proc.stdout  # without -i
+    assert "stdin is closed" in " ".join(proc.stdout.split())  # without -i (however wrapped)
 
 
 def containers_created_by(pid: int, since: float) -> list[str]:

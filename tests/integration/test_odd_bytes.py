@@ -113,15 +113,18 @@ def test_pgroup_dry_run_prints_the_exact_bytes(workspace: Path) -> None:
 def test_pgroup_odd_workspace_and_workdir(tmp_path: Path) -> None:
     ws = odd_dir(tmp_path)
     sub = odd_dir(ws)
-    proc = cli("run", "-b", "process-group", "-w", os.fsencode(ws), "--json", "--", "pwd")
+    at_host = ("run", "-b", "process-group", "--workspace-at", "host", "-w", os.fsencode(ws))
+    proc = cli(*at_host, "--json", "--", "pwd")
     assert proc.returncode == 0, proc.stderr
     assert one_json(proc)["stdout_total_bytes"] == len(os.fsencode(ws)) + 1
-    plain = cli("run", "-b", "process-group", "-w", os.fsencode(ws), "--", "pwd")
+    plain = cli(*at_host, "--", "pwd")
     assert plain.stdout == os.fsencode(ws) + b"\n"
     rel = os.fsencode(sub.name)
-    proc = cli("run", "-b", "process-group", "-w", os.fsencode(ws), "-C", rel, "--", "pwd")
+    proc = cli(*at_host, "-C", rel, "--", "pwd")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == os.fsencode(sub) + b"\n"
+    inside = cli("run", "-b", "process-group", "-w", os.fsencode(ws), "-C", rel, "--", "pwd")
+    assert inside.stdout == b"/workspace/" + rel + b"\n", inside.stderr  # (the default)
 
 
 # -- docker: refused cleanly (exit 2, the argument named), nothing runs ------------------------

@@ -42,6 +42,13 @@ async def test_not_executable_is_spawn_error_126(workspace: Path) -> None:
 async def test_workdir_is_resolved_inside_workspace(workspace: Path) -> None:
     async with Sandbox(workspace, backend="process-group") as sb:
         result = await sb.exec(["pwd"], workdir="sub/dir")
+        host = await sb.exec(["pwd"], workdir=str(workspace / "sub"))  # a host path: mapped
+    assert result.stdout == "/workspace/sub/dir\n", result
+    assert host.stdout == "/workspace/sub\n", host
+    async with Sandbox(
+        workspace, backend="process-group", policy=Policy(workspace_at="host")
+    ) as sb:
+        result = await sb.exec(["pwd"], workdir="sub/dir")
     assert Path(result.stdout.strip()) == (workspace / "sub" / "dir").resolve()
 
 

@@ -133,7 +133,7 @@ def test_marker_options(sandbox, pytestconfig):
     assert sandbox.workspace == (pytestconfig.rootpath / "ws").resolve()
     result = sandbox.exec(["pwd"])
     assert result.backend == "process-group"
-    assert result.stdout == str(sandbox.workspace) + "\\n"
+    assert result.stdout == "/workspace\\n"  # (as on every backend)
     assert "network-none" not in result.isolation
 
 def test_module_marker_only(sandbox, tmp_path):

@@ -315,7 +315,7 @@ def host_files(tmp_path: Path) -> SandboxFiles:
     (ws / "hello.txt").write_text("hello\n")
     (tmp_path / "secret").write_text("host secret")
     (tmp_path / "public").write_text("public")
-    plan = SimpleNamespace(namespaces=False, off=False, run_as=None)
+    plan = SimpleNamespace(namespaces=False, off=False, run_as=None, inside_root=None)
     view = SandboxView(home=None, supervisor=None, host_plan=plan)  # type: ignore[arg-type]
     backend = SimpleNamespace(name="systemd-scope", view=lambda: view)
     return SandboxFiles(
@@ -370,7 +370,7 @@ async def test_host_route_walks_the_workspace_beneath(
 
 @pytest.mark.anyio
 async def test_host_route_writes_with_full_access(host_files: SandboxFiles, tmp_path: Path) -> None:
-    host_files.plan = SimpleNamespace(namespaces=False, off=True, run_as=None)  # type: ignore[assignment]
+    host_files.plan = SimpleNamespace(namespaces=False, off=True, run_as=None, inside_root=None)  # type: ignore[assignment]
     await host_files.write_file(f"{tmp_path}/made", b"made", 0o600)
     assert (tmp_path / "made").read_bytes() == b"made"
     (tmp_path / "dangling").symlink_to("made-through-link")
@@ -472,3 +472,28 @@ def test_a_file_gone_between_stat_and_read_is_not_found() -> None:
     with pytest.raises(SandboxFileNotFoundError, match=r"f\.txt"):
         files.read(target, 100)
     assert archive.asked == ["/workspace", "/workspace/f.txt", "get /workspace/f.txt"]
+
+
+def test_a_local_sandboxs_host_path_is_the_workspace_too() -> None:
+    """Bound at ``/workspace`` and at its host path: both name the workspace (its checks: a
+    symlink out of it is refused, not followed in the sandbox's view)."""
+    got = resolve("/host/ws/a/b", root="/workspace", home="/h", alias="/host/ws")
+    assert (got.path, got.rel) == ("/workspace/a/b", "a/b")
+    top = resolve("/host/ws", root="/workspace", home="/h", alias="/host/ws")
+    assert (top.path, top.rel) == ("/workspace", ".")
+    assert resolve("/host/wsx/a", root="/workspace", home="/h", alias="/host/ws").rel is None
+    assert resolve("/workspace/a", root="/workspace", home="/h", alias="/host/ws").rel == "a"
+
+
+def test_a_mask_named_at_slash_workspace_is_the_workspaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandboxrun.api.request import mapped_masks
+    from sandboxrun.engine.paths import Workspace
+
+    ws = Workspace(tmp_path)
+    got = mapped_masks(("/workspace/.env", "/workspace/a/../b", "/etc/x", "rel"), ws)
+    assert got == (str(tmp_path / ".env"), str(tmp_path / "b"), "/etc/x", "rel")
+    real = os.path.lexists
+    monkeypatch.setattr(os.path, "lexists", lambda p: str(p) == "/workspace" or real(p))
+    assert mapped_masks(("/workspace/.env",), ws) == ("/workspace/.env",)  # the host's own

@@ -13,6 +13,7 @@ from sandboxrun.backends.local.isolation import (
     HostSupport,
     LocalPlan,
     mask_args,
+    root_args,
     runtime_dirs,
 )
 from sandboxrun.models import Limits, Policy, required_guarantees
@@ -150,3 +151,73 @@ def test_a_mask_that_holds_the_workspace_is_refused(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="holds the workspace"):
             Sandbox(ws, policy=Policy(mask=(bad,)))
     Sandbox(ws, policy=Policy(mask=(str(ws / "inside"), str(tmp_path / "beside"))))
+
+
+def test_the_workspace_is_bound_at_slash_workspace_too(tmp_path: Path) -> None:
+    ws = str(tmp_path / "ws")
+    argv = plan(tmp_path).bwrap_argv(["x"])
+    assert ["--bind", ws, "/workspace"] == argv[
+        argv.index("/workspace") - 2 : argv.index("/workspace") + 1
+    ]
+    assert argv[argv.index("--") - 2 : argv.index("--")] == ["--remount-ro", "/"]  # made, then ro
+    triples = [argv[i : i + 3] for i in range(len(argv))]
+    assert ["--ro-bind", "/", "/"] not in triples and ["--ro-bind-try", "/usr", "/usr"] in triples
+    ro = plan(tmp_path, access="read-only").bwrap_argv(["x"])
+    assert ro[ro.index("/workspace") - 2] == "--ro-bind"
+    assert plan(tmp_path).seen(tmp_path / "ws" / "a" / "b") == "/workspace/a/b"
+    assert plan(tmp_path).seen(tmp_path / "ws") == "/workspace"
+    assert plan(tmp_path).seen(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
+    for other in (
+        plan(tmp_path, workspace_at="host"),
+        plan(tmp_path, NO_BWRAP),
+        plan(tmp_path, access="danger-full-access"),
+    ):
+        assert other.inside_root is None
+        assert other.seen(tmp_path / "ws" / "a") == str(tmp_path / "ws" / "a")
+    host = plan(tmp_path, workspace_at="host").bwrap_argv(["x"])
+    assert "/workspace" not in host and host[host.index("/") - 1 : host.index("/") + 2] == [
+        "--ro-bind",
+        "/",
+        "/",
+    ]
+
+
+def test_a_secret_in_the_workspace_is_masked_at_both_its_paths(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / ".ssh").mkdir(parents=True)
+    (ws / ".netrc").write_text("machine x password y")
+    argv = LocalPlan(Policy(), ws, (ws,), FULL).bwrap_argv(["x"])
+    for seen in (str(ws / ".ssh"), "/workspace/.ssh"):
+        assert argv[argv.index(seen) - 1] == "--tmpfs", seen
+    for seen in (str(ws / ".netrc"), "/workspace/.netrc"):
+        assert argv[argv.index(seen) - 2 : argv.index(seen)] == ["--ro-bind", "/dev/null"], seen
+    assert argv.index("/workspace/.ssh") > argv.index("/workspace")  # after its bind
+
+
+def test_root_args_bind_each_top_entry_and_leave_out_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "usr").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "bin").symlink_to("usr/bin")
+    os.mkfifo(tmp_path / "fifo")
+    argv = root_args(str(tmp_path))
+    top = str(tmp_path)
+    assert ["--symlink", "usr/bin", f"{top}/bin"] == argv[0:3]
+    assert ["--ro-bind-try", f"{top}/file", f"{top}/file"] == argv[3:6]
+    assert ["--ro-bind-try", f"{top}/usr", f"{top}/usr"] == argv[6:9]
+    assert f"{top}/fifo" not in argv and len(argv) == 9
+    real = root_args()
+    assert "/proc" not in real and "/dev" not in real and "/workspace" not in real
+
+
+def test_a_host_with_its_own_slash_workspace_keeps_the_host_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What runs the sandbox (its Python, a PATH directory) may live under the host's own
+    ``/workspace``: never hidden by the sandbox's (a planted ``.venv/bin/python`` in the
+    workspace would have run as the supervisor)."""
+    real = os.path.lexists
+    monkeypatch.setattr(os.path, "lexists", lambda p: p == "/workspace" or real(p))
+    held = plan(tmp_path)
+    assert held.inside_root is None
+    argv = held.bwrap_argv(["x"])
+    assert "/workspace" not in argv and argv[argv.index("/") - 1] == "--ro-bind"

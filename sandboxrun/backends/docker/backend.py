@@ -119,6 +119,11 @@ def _mount_points() -> list[str]:
 def precheck(root: Path, policy: Policy) -> None:
     """What this backend refuses of a workspace and its mounts, before anything reaches the
     engine (also called before ``--image-from`` builds: a refusal does not wait for a build)."""
+    if policy.workspace_at == "host":
+        raise ConfigError(
+            "--workspace-at host needs a local backend: a docker sandbox shows the workspace at "
+            "/workspace only"
+        )
     cfg.check_workspace_utf8(root)
     cfg.check_workspace(root, engine_socket())
     for extra in policy.mounts:  # a hard link to the engine socket in a mounted directory

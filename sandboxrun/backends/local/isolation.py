@@ -33,8 +33,9 @@ from sandboxrun import supervisor
 from sandboxrun.backends.owner import masks_for, own_home, run_as
 from sandboxrun.backends.secrets import ROOT_SECRETS, SECRET_PATHS, host_homes, runtime_dir
 from sandboxrun.engine.mounts import masked_inside
+from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.errors import ConfigError
-from sandboxrun.models import Policy
+from sandboxrun.models import Mount, Policy
 
 SOCKET_DIRS = ("/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm")
 """Where host daemons keep their unix sockets; each is empty (or private) inside."""
@@ -115,6 +116,28 @@ class LocalPlan:
     """``(uid, gid)`` the sandbox runs as: a root invoker's workspace owner (``owner``)."""
     run_as_why: str | None = None
     """Why a root invoker's sandbox runs as root although the workspace is another uid's."""
+
+    @property
+    def inside_root(self) -> str | None:
+        """Where the sandbox's commands see the workspace when not at its host path:
+        ``/workspace``, as in a container (bound there too: its host path stays, so absolute
+        host paths, a virtualenv's shebangs, keep working). None without namespaces (the
+        sandbox is the host's view), or where this host has a ``/workspace`` of its own (it
+        may hold what runs the sandbox, its Python or a PATH directory: never hidden)."""
+        if not self.namespaces or self.policy.workspace_at == "host":
+            return None
+        inside = str(CONTAINER_ROOT)
+        if os.path.lexists(inside):
+            return None
+        return inside
+
+    def seen(self, host: Path) -> str:
+        """``host`` (a path in the workspace) as the sandbox's commands see it."""
+        inside = self.inside_root
+        if inside is None or not (host == self.workspace or host.is_relative_to(self.workspace)):
+            return str(host)
+        rel = host.relative_to(self.workspace)
+        return inside if str(rel) == "." else f"{inside}/{rel}"
 
     @property
     def as_root(self) -> bool:
@@ -238,7 +261,9 @@ class LocalPlan:
             argv += ["--cap-drop", "ALL"]
         else:
             argv.append("--unshare-user")
-        argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        inside = self.inside_root
+        argv += root_args() if inside is not None else ["--ro-bind", "/", "/"]
+        argv += ["--dev", "/dev", "--proc", "/proc"]
         for path in SOCKET_DIRS:
             real = os.path.realpath(path)
             if os.path.isdir(real) and not os.path.islink(path):
@@ -250,6 +275,8 @@ class LocalPlan:
         workspace = str(self.workspace)
         argv += ["--bind" if self.policy.access != "read-only" else "--ro-bind"]
         argv += [workspace, workspace]
+        if inside is not None:  # and at /workspace, as in a container
+            argv += [argv[-3], workspace, inside]
         for extra in self.policy.mounts:  # sources resolved and checked (engine.mounts)
             fd = (pinned or {}).get(extra.target)
             if fd is not None:
@@ -265,14 +292,42 @@ class LocalPlan:
             if any(where.is_relative_to(t) for t in targets):
                 continue  # a mount is there: what of the host shows in it is masked below
             argv += mask_args(secret, self.workspace, shown)
-        for extra in self.policy.mounts:  # and one under a mounted directory, where it shows
-            for secret, inside in masked_inside(extra, secrets):
+        views = list(self.policy.mounts)
+        if inside is not None:  # the workspace's second view: its secrets masked there too
+            views.append(Mount(source=workspace, target=inside, read_only=False))
+        for extra in views:  # and one under a mounted directory, where it shows
+            for secret, seen in masked_inside(extra, secrets):
                 argv += (
-                    ["--tmpfs", inside, "--remount-ro", inside]
+                    ["--tmpfs", seen, "--remount-ro", seen]
                     if secret.is_dir()
-                    else ["--ro-bind", "/dev/null", inside]
+                    else ["--ro-bind", "/dev/null", seen]
                 )
+        if inside is not None:  # every mount point made: the root itself read-only
+            argv += ["--remount-ro", "/"]
         return [*argv, "--", *command]
+
+
+def root_args(top: str = "/") -> list[str]:
+    """The host's root, read-only, entry by entry (bwrap's own root is a tmpfs, where a mount
+    point such as ``/workspace`` can be made): each directory and file bound, each symlink
+    made again; ``/proc`` and ``/dev`` are the sandbox's own, and what is neither directory,
+    file nor symlink (a socket, a fifo, a device at the top) is left out (``LocalPlan
+    .inside_root``: used only where the host has no ``/workspace``). A snapshot: a top-level
+    entry made later is not seen by a sandbox already open."""
+    argv: list[str] = []
+    for name in sorted(os.listdir(top)):
+        path = os.path.join(top, name)
+        if path in ("/proc", "/dev", str(CONTAINER_ROOT)):
+            continue
+        try:
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                argv += ["--symlink", os.readlink(path), path]
+            elif stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                argv += ["--ro-bind-try", path, path]  # (one gone meanwhile is no failure)
+        except OSError:
+            continue  # gone meanwhile
+    return argv
 
 
 def mask_args(path: Path, workspace: Path, shown: list[Path] | None = None) -> list[str]:
@@ -368,8 +423,9 @@ def local_plan(
         tools=tuple(Path(os.path.abspath(t)) for t in (*tools, *runtime_dirs())),
     )
     bound = (*(m.source for m in policy.mounts), *map(str, plan.shown_tools()))
+    root = tuple(root_args()) if plan.inside_root is not None else ("--ro-bind", "/", "/")
     ids, why = run_as(
-        workspace, plan.support.bwrap if plan.namespaces else None, runtime_dirs(), bound
+        workspace, plan.support.bwrap if plan.namespaces else None, runtime_dirs(), bound, root
     )
     home = None if ids is None else own_home(ids[0])  # (its secrets are the command's to read)
     homes = plan.homes if home is None else tuple(dict.fromkeys((*plan.homes, home)))

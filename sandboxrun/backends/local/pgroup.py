@@ -42,14 +42,15 @@ def local_env(request: ExecRequest, plan: LocalPlan | None = None) -> dict[str, 
     """The command's environment on the host: under a login-shell snapshot
     (``argv.exec_env``) the snapshot, the request's own variables, the sandbox's private
     ``HOME`` and ``TMPDIR`` (isolation layer), ``PWD`` (the workdir: no shell sets it for an
-    argv; the workspace is at the same path inside), each unless given, the run marker, PATH
-    prepends; else the built env (with that ``HOME`` and ``TMPDIR``), the marker, and PATH
-    prepends (``each``: applied by the login shell after the profile, which also re-applies an
-    explicit PATH: the profile may assign PATH; ``raw``: on the host)."""
+    argv; ``/workspace/...`` where the sandbox shows the workspace there), each unless given,
+    the run marker, PATH prepends; else the built env (with that ``HOME`` and ``TMPDIR``),
+    the marker, and PATH prepends (``each``: applied by the login shell after the profile,
+    which also re-applies an explicit PATH: the profile may assign PATH; ``raw``: on the
+    host)."""
     if argv.uses_snapshot(request):
         owned = {} if plan is None else plan.command_env({}, request.explicit)
         if "PWD" not in request.explicit:
-            owned["PWD"] = str(request.workdir)
+            owned["PWD"] = seen_dir(request, plan)
         owned[MARKER_VAR] = request.run_id
         return argv.exec_env(request, owned=owned)
     env = dict(request.env) if plan is None else plan.command_env(request.env, request.explicit)
@@ -62,6 +63,12 @@ def local_env(request: ExecRequest, plan: LocalPlan | None = None) -> dict[str, 
         joined = argv.join_path_prepend(request.path_prepend)
         env["PATH"] = f"{joined}:{env['PATH']}" if env.get("PATH") else joined
     return env
+
+
+def seen_dir(request: ExecRequest, plan: LocalPlan | None) -> str:
+    """The working directory as the command sees it (``/workspace/...`` where the sandbox
+    shows the workspace there: ``LocalPlan.inside_root``)."""
+    return str(request.workdir) if plan is None else plan.seen(request.workdir)
 
 
 def owner_warning(plan: LocalPlan | None) -> tuple[str, ...]:
@@ -122,7 +129,7 @@ class ProcessGroupBackend:
             request=request,
             argv=command,
             env=local_env(request, self._plan),
-            cwd=str(request.workdir),
+            cwd=seen_dir(request, self._plan),
             isolation=[*ISOLATION, *self._layers],
             via="supervisor",
             describe=lambda: list(command),

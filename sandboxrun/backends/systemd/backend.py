@@ -26,7 +26,7 @@ from sandboxrun import supervisor
 from sandboxrun.backends.base import Context, Probe, SandboxView, log
 from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.local.isolation import SANDBOX_HOME, ns_differs, plan_for, probe_host
-from sandboxrun.backends.local.pgroup import local_command, local_env, owner_warning
+from sandboxrun.backends.local.pgroup import local_command, local_env, owner_warning, seen_dir
 from sandboxrun.backends.systemd import config as cfg
 from sandboxrun.backends.systemd.scope import ScopeRun, read_text
 from sandboxrun.engine import results
@@ -353,7 +353,7 @@ class SystemdScopeBackend:
             request=request,
             argv=command,
             env=local_env(request, self._plan),
-            cwd=str(request.workdir),
+            cwd=seen_dir(request, self._plan),
             isolation=self._isolation(request),
             via="scope",
             describe=lambda: self._systemd_run_argv(request, command),

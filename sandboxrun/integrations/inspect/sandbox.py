@@ -179,7 +179,8 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         """Whether the workspace is this sample's own (removed at cleanup)."""
         view = sandbox.backend.view()
         container = view.container
-        self.root = str(CONTAINER_ROOT) if container is not None else str(workspace)
+        inside = None if view.host_plan is None else view.host_plan.inside_root
+        self.root = str(CONTAINER_ROOT) if container is not None else inside or str(workspace)
         """The workspace as the sandbox sees it: relative paths are relative to it."""
         ids = None if view.host_plan is None else view.host_plan.run_as
         self.uid = (
