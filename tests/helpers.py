@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 
 import psutil
 
 MARKER = "SANDBOXRUN_RUN_ID"
+CLI = [sys.executable, "-m", "sandboxrun"]
+
+
+def cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``sandboxrun ARGS``, its output as text, never raising on its exit status."""
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+        input=input,
+        check=False,
+    )
 
 
 def marked_processes(run_id: str) -> list[psutil.Process]:
@@ -44,6 +69,20 @@ def processes_with_arg(token: str) -> list[psutil.Process]:
         with suppress(psutil.Error):
             if proc.status() != psutil.STATUS_ZOMBIE and token in proc.cmdline():
                 found.append(proc)
+    return found
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes (not this one, nor a pytest runner whose ``-k`` names it) with ``text``
+    anywhere in their command line: a ``sh -c '... sleep 4321.5'`` wrapper too."""
+    found = []
+    for proc in psutil.process_iter():
+        with suppress(psutil.Error):
+            line = " ".join(proc.cmdline())
+            if text not in line or proc.pid == os.getpid() or "pytest" in line:
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
     return found
 
 

@@ -30,9 +30,9 @@ def check_encodable(value: str) -> None:
 def mapped_masks(masks: tuple[str, ...], workspace: Workspace) -> tuple[str, ...]:
     """``--mask /workspace/x``, as the commands see the workspace, is the workspace's ``x``
     (where this host has no ``/workspace`` of its own: a host path stays a host path)."""
-    from sandboxrun.engine.paths import CONTAINER_ROOT
+    from sandboxrun.engine.paths import CONTAINER_ROOT, host_has_container_root
 
-    if os.path.lexists(CONTAINER_ROOT):
+    if host_has_container_root():
         return masks
     out = []
     for mask in masks:

@@ -22,6 +22,7 @@ from pathlib import Path
 from sandboxrun import supervisor
 
 MAX_ID = 2**31 - 1
+"""The largest uid or gid used (the docker engine refuses larger ids)."""
 ACL_XATTR = "system.posix_acl_access"
 
 Stat = Callable[[str], os.stat_result]

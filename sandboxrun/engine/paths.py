@@ -24,6 +24,12 @@ from sandboxrun.errors import WorkspaceError
 CONTAINER_ROOT = PurePosixPath("/workspace")
 
 
+def host_has_container_root() -> bool:
+    """Whether this host has a ``/workspace`` of its own: then its paths are this host's
+    (a local sandbox keeps the workspace's host path; ``--mask /workspace/x`` is not mapped)."""
+    return os.path.lexists(str(CONTAINER_ROOT))
+
+
 def _resolve_strict(path: Path, shown: str, what: str) -> Path:
     """``path.resolve(strict=True)`` with every failure turned into ``WorkspaceError``."""
     try:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import require_backend
+from helpers import CLI, cli, processes_mentioning, require_backend
 
 from sandboxrun import (
     NoSuchSandbox,
@@ -31,7 +31,6 @@ from sandboxrun import (
 from sandboxrun.detached import client
 
 pytestmark = pytest.mark.anyio
-CLI = [sys.executable, "-m", "sandboxrun"]
 
 
 @pytest.fixture
@@ -46,39 +45,6 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         client.remove(name, base, force=True)
     shutil.rmtree(base, ignore_errors=True)
     assert alive == [], f"keepers left running: {alive}"
-
-
-def cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120, input: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        input=input,
-        check=False,
-    )
-
-
-def marked(marker: str) -> list[int]:
-    """Live processes whose command line holds ``marker`` (the sandbox's, on any backend: a
-    container's processes are this host's too)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != b"Z" and int(entry.name) != os.getpid():
-            if b"pytest" in cmdline:  # (a runner whose -k names the marker)
-                continue
-            found.append(int(entry.name))
-    return found
 
 
 def containers_of(workspace: Path) -> list[str]:
@@ -96,10 +62,10 @@ def containers_of(workspace: Path) -> list[str]:
 def nothing_left(workspace: Path, marker: str, deadline_s: float = 15.0) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        if not marked(marker) and not containers_of(workspace):
+        if not processes_mentioning(marker) and not containers_of(workspace):
             return
         time.sleep(0.1)
-    assert marked(marker) == [], "processes of the sandbox outlived it"
+    assert processes_mentioning(marker) == [], "processes of the sandbox outlived it"
     assert containers_of(workspace) == [], "its container outlived it"
 
 
@@ -202,13 +168,15 @@ def test_a_client_killed_mid_exec_kills_that_run_only(
         )  # fmt: skip
         assert victim.stdout is not None
         assert victim.stdout.readline() == b"started\n"
-        assert marked("4321.5")
+        assert processes_mentioning("4321.5")
         victim.send_signal(signal.SIGKILL)
         victim.communicate()
         deadline = time.monotonic() + 15
-        while marked("4321.5") and time.monotonic() < deadline:
+        while processes_mentioning("4321.5") and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert marked("4321.5") == [], "the killed client's run (TERM-ignoring) lives on"
+        assert processes_mentioning("4321.5") == [], (
+            "the killed client's run (TERM-ignoring) lives on"
+        )
         out, err = neighbour.communicate(timeout=30)
         assert (neighbour.returncode, out) == (0, "neighbour-done\n"), err
         again = cli("exec", "kc", "--", "echo", "still")
@@ -570,9 +538,11 @@ def test_a_killed_client_feeding_stdin_ends_its_run(
                 time.sleep(0.5)  # the window is full by now
                 client_proc.send_signal(how)
                 deadline = time.monotonic() + 15
-                while marked("4326.5") and time.monotonic() < deadline:
+                while processes_mentioning("4326.5") and time.monotonic() < deadline:
                     time.sleep(0.05)
-                assert marked("4326.5") == [], f"the run outlived its client ({how.name})"
+                assert processes_mentioning("4326.5") == [], (
+                    f"the run outlived its client ({how.name})"
+                )
                 client_proc.kill()
                 client_proc.communicate()
                 feeder.kill()

@@ -13,28 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import processes_with_arg, require_backend, wait_until
+from helpers import CLI, cli, processes_with_arg, require_backend, wait_until
 
 from sandboxrun.models import ExecResult
 
-CLI = [sys.executable, "-m", "sandboxrun"]
-
-
 NO_ENGINE = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
-
-
-def cli(
-    *args: str, cwd: Path | None = None, timeout: float = 60, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
 
 
 def run_json(workspace: Path, *args: str) -> tuple[int, dict[str, object]]:

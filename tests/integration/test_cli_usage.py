@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import cli
+from helpers import cli
 
 from sandboxrun.engine.capture.spill import SpillDir, SpillSession
 

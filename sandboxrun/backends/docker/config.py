@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from sandboxrun.backends.owner import MAX_ID
 from sandboxrun.engine.argv import is_utf8, wrapper_env
 from sandboxrun.engine.env import redact
 from sandboxrun.engine.mounts import KERNEL_ROOTS, around
@@ -119,7 +120,6 @@ def check_limits(limits: Limits, *, cpu_count: int | None) -> None:
 
 
 _USER = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
-MAX_ID = 2**31 - 1  # the engine refuses larger ids
 
 
 def parse_user(user: str | None, *, owner: tuple[int, int] | None = None) -> str:

@@ -33,7 +33,7 @@ from sandboxrun import supervisor
 from sandboxrun.backends.owner import masks_for, own_home, run_as
 from sandboxrun.backends.secrets import ROOT_SECRETS, SECRET_PATHS, host_homes, runtime_dir
 from sandboxrun.engine.mounts import masked_inside
-from sandboxrun.engine.paths import CONTAINER_ROOT
+from sandboxrun.engine.paths import CONTAINER_ROOT, host_has_container_root
 from sandboxrun.errors import ConfigError
 from sandboxrun.models import Mount, Policy
 
@@ -117,19 +117,17 @@ class LocalPlan:
     run_as_why: str | None = None
     """Why a root invoker's sandbox runs as root although the workspace is another uid's."""
 
-    @property
+    @functools.cached_property
     def inside_root(self) -> str | None:
         """Where the sandbox's commands see the workspace when not at its host path:
         ``/workspace``, as in a container (bound there too: its host path stays, so absolute
         host paths, a virtualenv's shebangs, keep working). None without namespaces (the
         sandbox is the host's view), or where this host has a ``/workspace`` of its own (it
-        may hold what runs the sandbox, its Python or a PATH directory: never hidden)."""
-        if not self.namespaces or self.policy.workspace_at == "host":
+        may hold what runs the sandbox, its Python or a PATH directory: never hidden). Decided
+        once per plan: its sandbox's root and every command's directory agree."""
+        if not self.namespaces or self.policy.workspace_at == "host" or host_has_container_root():
             return None
-        inside = str(CONTAINER_ROOT)
-        if os.path.lexists(inside):
-            return None
-        return inside
+        return str(CONTAINER_ROOT)
 
     def seen(self, host: Path) -> str:
         """``host`` (a path in the workspace) as the sandbox's commands see it."""
@@ -273,10 +271,10 @@ class LocalPlan:
         for tool in self.shown_tools():
             argv += ["--ro-bind", str(tool), str(tool)]
         workspace = str(self.workspace)
-        argv += ["--bind" if self.policy.access != "read-only" else "--ro-bind"]
-        argv += [workspace, workspace]
+        bind = "--bind" if self.policy.access != "read-only" else "--ro-bind"
+        argv += [bind, workspace, workspace]
         if inside is not None:  # and at /workspace, as in a container
-            argv += [argv[-3], workspace, inside]
+            argv += [bind, workspace, inside]
         for extra in self.policy.mounts:  # sources resolved and checked (engine.mounts)
             fd = (pinned or {}).get(extra.target)
             if fd is not None:
