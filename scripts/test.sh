@@ -49,11 +49,11 @@ outer=$(echo ",${SANDBOXRUN_REQUIRE_BACKENDS:-}," | sed 's/,systemd-scope,/,/; s
 
 # The systemd-scope backend on a real systemd: a container booted with systemd as PID 1. It runs
 # alongside pytest (two suites, two cores); its log is printed when it ends.
-# Once the host's suites end (about half-way through pytest's), the same lane runs the tests
-# that need no quiet engine around them (the image builds, the unit tests): the critical path
-# is the outer pytest, this takes minutes off it. Only when no test path is given.
+# Once the host's suites end (about half-way through pytest's), the same lane runs the late
+# share of pytest's (SANDBOXRUN_TEST_LANE, tests/conftest.py: the image builds, the unit tests,
+# the tests of the local backends), the outer pytest the early share (the engine's): the
+# critical path is the outer pytest, this takes minutes off it. Only when no test path is given.
 host_pid=""; host_log=$(mktemp); late_log=$(mktemp); late_rc=$(mktemp)
-LATE=(tests/integration/test_images.py tests/unit)
 split=1
 for arg in "$@"; do [ -e "$arg" ] && split=0; done
 stop_host() {  # on an early exit: the host container (labelled with its script's pid) and the script
@@ -70,14 +70,14 @@ trap stop_host EXIT
 # only, so this script must end on it itself (the EXIT trap then stops the host). TERM keeps
 # its default: it ends the script at once (a trap would wait for pytest), the EXIT trap runs.
 trap 'exit 130' INT
-ignore=()
+lane=()
 if docker info >/dev/null 2>&1; then
   echo "== systemd test host (in the background, alongside pytest)"
-  [ "$split" = 1 ] && ignore=("${LATE[@]/#/--ignore=}")
+  [ "$split" = 1 ] && lane=(SANDBOXRUN_TEST_LANE=early)
   (
     rc=0; bash scripts/systemd-host.sh -p no:cacheprovider >"$host_log" 2>&1 || rc=$?
     if [ "$split" = 1 ]; then
-      late=0; SANDBOXRUN_REQUIRE_BACKENDS=$outer .venv/bin/pytest "$@" "${LATE[@]}" \
+      late=0; SANDBOXRUN_TEST_LANE=late SANDBOXRUN_REQUIRE_BACKENDS=$outer .venv/bin/pytest "$@" \
         >"$late_log" 2>&1 || late=$?
       echo "$late" >"$late_rc"
     fi
@@ -87,12 +87,12 @@ if docker info >/dev/null 2>&1; then
 fi
 
 echo "== pytest"; rc_pytest=0
-SANDBOXRUN_REQUIRE_BACKENDS=$outer .venv/bin/pytest "$@" "${ignore[@]}" || rc_pytest=$?
+env "${lane[@]}" SANDBOXRUN_REQUIRE_BACKENDS="$outer" .venv/bin/pytest "$@" || rc_pytest=$?
 
 if [ -n "$host_pid" ]; then
   rc=0; wait "$host_pid" || rc=$?; host_pid=""
   if [ "$split" = 1 ]; then
-    echo "== pytest, the rest (${LATE[*]}, after the systemd test host)"; cat "$late_log"
+    echo "== pytest, the late share (after the systemd test host)"; cat "$late_log"
     [ "$(cat "$late_rc")" = 0 ] || rc_pytest=1
   fi
   echo "== systemd test host"; cat "$host_log"

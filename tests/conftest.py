@@ -8,6 +8,44 @@ from pathlib import Path
 import pytest
 from helpers import require_backend
 
+LATE_FILES = (
+    "tests/unit/",
+    "tests/integration/test_images.py",
+    "tests/integration/test_local_isolation.py",
+    "tests/integration/test_pgroup_lifecycle.py",
+)
+"""What ``SANDBOXRUN_TEST_LANE=late`` runs beside the item's of a local backend (see
+``pytest_collection_modifyitems``): tests that need no quiet engine around them."""
+
+
+def late(item: pytest.Item) -> bool:
+    """An item of the late lane: in one of ``LATE_FILES``, or run on a local backend (the
+    ``backend`` parameter process-group or systemd-scope: the latter skips outside the
+    systemd host, as in one run)."""
+    path = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent)
+    if str(path).startswith(LATE_FILES):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("backend") in ("process-group", "systemd-scope")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``SANDBOXRUN_TEST_LANE``: ``early`` or ``late`` runs one share of the suite, the two
+    shares together are all of it (scripts/test.sh runs them side by side: the early lane
+    alongside the systemd test host, the late one after it); unset, every test runs."""
+    lane = os.environ.get("SANDBOXRUN_TEST_LANE", "")
+    if not lane:
+        return
+    if lane not in ("early", "late"):
+        raise pytest.UsageError(f"SANDBOXRUN_TEST_LANE must be early or late, got {lane!r}")
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (keep if late(item) == (lane == "late") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
 
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
