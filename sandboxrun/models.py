@@ -16,12 +16,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sandboxrun.errors import ExecError
 
 Status = Literal[
-    "completed", "failed", "timed_out", "cancelled", "spawn_error", "sandbox_error", "oom_killed"
+    "completed",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "spawn_error",
+    "sandbox_error",
+    "oom_killed",
+    "disk_exceeded",
 ]
 BackendName = Literal["docker", "systemd-scope", "process-group", "fake"]
 """``fake``: ``sandboxrun.testing.FakeBackend``, which runs nothing (for tests)."""
 Access = Literal["read-only", "workspace-write", "danger-full-access"]
 Network = Literal["none", "on"]
+Root = Literal["read-only", "writable"]
 TimeoutKind = Literal["wall", "idle"]
 """Which deadline ended a ``timed_out`` run: the wall-clock ``timeout`` or the idle timeout."""
 
@@ -98,6 +106,13 @@ class Policy(BaseModel):
     mounts: tuple[Mount, ...] = ()
     """Host paths shown inside beside the workspace (``Mount``; ``"SRC:DST[:ro|rw]"`` strings
     are parsed), on every backend; a secret path under a source stays masked."""
+    root: Root = "read-only"
+    """The file system outside the workspace and mounts: ``read-only``; ``writable``, an
+    ephemeral root (docker: the container's own layer) that the commands may change
+    (``pip install``, ``apt-get``, ``adduser`` as ``user="0"``), discarded with the sandbox
+    (a recycle starts a fresh one); the host's files stay untouched. Bounded by
+    ``Limits.disk_bytes``. The guarantee ``ephemeral-root``: a backend that cannot give it
+    refuses the sandbox (the local ones here: no overlay)."""
     workspace_at: Literal["sandbox", "host"] = "sandbox"
     """Where the commands start and see the workspace: ``sandbox``, ``/workspace`` on every
     backend (the local ones bind it there too, its host path kept); ``host``, its host path as
@@ -128,6 +143,10 @@ class Limits(BaseModel):
     memory_bytes: int | None = Field(default=None, gt=0)
     cpus: float | None = None  # at least MIN_CPUS (validated below)
     pids: int | None = Field(default=None, gt=0)
+    disk_bytes: int | None = Field(default=None, ge=1 << 20)
+    """The most a writable root (``Policy.root``) may hold, at least 1 MiB: past it every
+    command running in the sandbox is killed (``disk_exceeded``) and its root discarded (the
+    next command gets a fresh one). The guarantee ``disk-limit``. None: no bound."""
     idle_timeout_s: float | None = None
     """End the run like a timeout (``timeout_kind="idle"``) once neither stdout nor stderr has
     had a byte for this many seconds; time a slow live reader holds the command back does not
@@ -214,16 +233,18 @@ def limit_guarantees(limits: Limits) -> list[str]:
 def required_guarantees(policy: Policy, limits: Limits) -> list[str]:
     """The isolation guarantees a policy and limits ask for, by the names ``isolation`` uses."""
     wanted: list[str] = []
+    ephemeral = ["ephemeral-root"] if policy.root == "writable" else []
+    bounded = ["disk-limit"] if limits.disk_bytes is not None else []
     if policy.access == "danger-full-access":  # the caller asked for no isolation at all
-        return limit_guarantees(limits)
+        # (but a writable root it asks for is one whose writes are thrown away, and bounded)
+        return limit_guarantees(limits) + ephemeral + bounded
     if policy.access == "read-only":
-        wanted += ["read-only-workspace", "read-only-root"]
-    else:
-        wanted.append("read-only-root")
+        wanted.append("read-only-workspace")
+    wanted += ephemeral or ["read-only-root"]
     wanted.append("seccomp")  # no setuid/setgid file, no device node left in the workspace
     if policy.network == "none":
         wanted.append("network-none")
-    return wanted + limit_guarantees(limits)
+    return wanted + limit_guarantees(limits) + bounded
 
 
 DenialKind = Literal["filesystem", "network", "syscall", "disk-full", "pids-limit", "memory-limit"]

@@ -122,6 +122,11 @@ class Sandbox:
                 self.policy, mounts=prepared.checked_mounts(self.policy, self.workspace.root)
             )
         self.limits = limits or Limits()
+        if self.limits.disk_bytes is not None and self.policy.root != "writable":
+            raise ConfigError(
+                "--disk (Limits.disk_bytes) bounds a writable root: give --root writable "
+                "(Policy(root='writable')) too; the workspace's own file system is not bounded"
+            )
         self._requested = backend
         self._env = dict(env or {})
         self._pass_env = list(pass_env)

@@ -57,6 +57,13 @@ def create(
         Literal["none", "on"] | None,
         typer.Option("--network", metavar="none|on", help="as run's (default: none)"),
     ] = None,
+    root_fs: Annotated[
+        Literal["read-only", "writable"] | None,
+        typer.Option("--root", metavar="read-only|writable", help="as run's (default: read-only)"),
+    ] = None,
+    disk: Annotated[
+        str | None, typer.Option("--disk", metavar="SIZE", help="as run's (default: none)")
+    ] = None,
     timeout: Annotated[
         str | None,
         typer.Option(
@@ -138,6 +145,7 @@ def create(
             "backend": backend, "image": image, "policy": policy, "network": network,
             "timeout": timeout, "max_timeout": None, "idle_timeout": None, "grace": grace,
             "max_output": None, "spill_max": None, "memory": memory, "cpus": cpus, "pids": pids,
+            "root": root_fs, "disk": disk,
         }  # fmt: skip
         values = settings.in_force(given)
         checked = checked_limits(values)
@@ -157,6 +165,7 @@ def create(
                 "allow_degraded": allow_degraded,
                 "mask_output": not no_mask,
                 "workspace_at": checked_workspace_at(workspace_at),
+                "root": settings.required(values, "root"),
             },
             "limits": dataclasses.asdict(checked),
         }

@@ -23,6 +23,8 @@ MAX_GRACE_S = 600.0
 MIN_MAX_OUTPUT = 64
 MIN_MEMORY = 6 * 1024**2
 """Docker's smallest memory limit (6 MiB); smaller ones cannot run anything anywhere."""
+MIN_DISK = 1 << 20
+"""``Limits.disk_bytes``' floor (1 MiB)."""
 MIN_CPUS = 0.01
 """These mirror ``sandboxrun.models`` (``Limits``' defaults and floors; a unit test keeps them
 equal) so that validating options imports no pydantic."""
@@ -41,6 +43,7 @@ class RunLimits:
     memory_bytes: int | None
     cpus: float | None
     pids: int | None
+    disk_bytes: int | None = None
 
 
 def check_timeout(timeout: str | None, max_timeout: str | None) -> tuple[float, float | None]:
@@ -119,6 +122,7 @@ def check_run_limits(
     cpus: str | None,
     pids: str | None,
     host_cpus: int | None,
+    disk: str | None = None,
 ) -> RunLimits:
     """Every limit option of ``run``, validated (``ConfigError`` naming the first bad one).
     ``host_cpus``: the CPUs ``--cpus`` may ask for at most (None: no upper bound)."""
@@ -135,6 +139,7 @@ def check_run_limits(
         memory_bytes=None if memory is None else check_byte_size(memory, "--memory", MIN_MEMORY),
         cpus=None if cpus is None else check_cpus(cpus, host_cpus),
         pids=None if pids is None else check_pids(pids),
+        disk_bytes=None if disk is None else check_byte_size(disk, "--disk", MIN_DISK),
     )
 
 

@@ -44,7 +44,7 @@ def exit_status(result: ExecResult) -> int:
         return EXIT_CANCELLED
     if result.status == "sandbox_error":
         return EXIT_SANDBOX
-    if result.status == "oom_killed":
+    if result.status in ("oom_killed", "disk_exceeded"):
         return 137
     if result.status == "spawn_error":
         return result.exit_code or 127
@@ -224,6 +224,8 @@ def headline(
         return f"killed: out of memory{limit}; a larger --memory allows more"
     if result.status == "cancelled":
         return "cancelled"
+    if result.status == "disk_exceeded":
+        return f"killed: {result.error or 'past --disk'}; a larger --disk allows more"
     if result.status in ("spawn_error", "sandbox_error"):
         return result.error or result.status.replace("_", " ")
     if result.signal is not None:
@@ -250,7 +252,7 @@ def summary(
     timeout given (the line names it, not the duration); ``memory_bytes``: the memory limit;
     ``denial_shown``: the denial was already printed (``--ask``)."""
     head = headline(result, timeout_s=timeout_s, memory_bytes=memory_bytes)
-    oom = result.status == "oom_killed"  # the headline says it
+    oom = result.status in ("oom_killed", "disk_exceeded")  # the headline says it
     denied = None if denial_shown or oom else denial_line(result, prefix="")
     parts = [p for p in (head, denied) if p]
     stats = live or {}

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from sandboxrun.api.sandbox import Sandbox
     from sandboxrun.cli.terminal import LiveWriter
     from sandboxrun.engine.request import ExecRequest
-    from sandboxrun.models import ExecResult, Policy
+    from sandboxrun.models import ExecResult, Policy, Root
 
 OPTION_OF = {
     "timeout_s": "--timeout",
@@ -63,6 +63,7 @@ OPTION_OF = {
     "memory_bytes": "--memory",
     "cpus": "--cpus",
     "pids": "--pids",
+    "disk_bytes": "--disk",
 }
 """The option behind a ``Limits`` field, for error messages."""
 
@@ -83,6 +84,7 @@ def checked_limits(values: dict[str, settings.Value]) -> RunLimits:
             cpus=got["cpus"],
             pids=got["pids"],
             host_cpus=os.cpu_count(),
+            disk=got["disk"],
         )
     except InputError as exc:
         raise type(exc)(settings.blame(str(exc), values)) from None
@@ -329,6 +331,27 @@ def run(
             "--network",
             metavar="none|on",
             help="none: no network; on: network (default: none)",
+            show_default=False,
+        ),
+    ] = None,
+    root: Annotated[
+        Literal["read-only", "writable"] | None,
+        typer.Option(
+            "--root",
+            metavar="read-only|writable",
+            help="the file system outside the workspace: writable is an ephemeral root, "
+            "thrown away with the sandbox, docker only (apt-get, adduser: with --user 0) "
+            "(default: read-only)",
+            show_default=False,
+        ),
+    ] = None,
+    disk: Annotated[
+        str | None,
+        typer.Option(
+            "--disk",
+            metavar="SIZE",
+            help="the most a writable root may hold, at least 1m: past it the commands are "
+            "killed and the root discarded (default: none)",
             show_default=False,
         ),
     ] = None,
@@ -614,7 +637,7 @@ def run(
             "backend": backend, "image": image, "policy": policy, "network": network,
             "timeout": timeout, "max_timeout": max_timeout, "idle_timeout": idle_timeout,
             "grace": grace, "max_output": max_output, "spill_max": spill_max,
-            "memory": memory, "cpus": cpus, "pids": pids,
+            "memory": memory, "cpus": cpus, "pids": pids, "root": root, "disk": disk,
         }  # fmt: skip
         values = settings.in_force(given)
         settings.export_spill_caps(values)  # the spill root's pruning reads them
@@ -640,6 +663,7 @@ def run(
                 mask_output=not no_mask,
                 mounts=tuple(mounts or ()),
                 workspace_at=checked_workspace_at(workspace_at),
+                root=cast("Root", settings.required(values, "root")),
             ),
             limits=limits,
             env=explicit,

@@ -64,6 +64,8 @@ SETTINGS: dict[str, Setting] = {
     "grace": Setting("--grace", "3s"),
     "max_output": Setting("--max-output", "64k"),
     "spill_max": Setting("--spill-max", "64m"),
+    "root": Setting("--root", "read-only", ("read-only", "writable")),
+    "disk": Setting("--disk", None),
     "memory": Setting("--memory", None),
     "cpus": Setting("--cpus", None),
     "pids": Setting("--pids", None),

@@ -21,7 +21,7 @@ from sandboxrun.models import Denial, DenialKind, ExecResult, Limits, Mount, Pol
 
 MAX_EVIDENCE = 300
 MAX_PATHS = 16
-DIAGNOSED = ("failed", "oom_killed")
+DIAGNOSED = ("failed", "oom_killed", "disk_exceeded")
 """Only these statuses can carry a denial: a completed run was refused nothing, and a timeout,
 a cancellation or a spawn or sandbox error has its own explanation."""
 FS_GUARD_INSIDE = "read-only-workspace"
@@ -348,6 +348,13 @@ def diagnose(
             evidence=f"status oom_killed: the kernel's OOM killer ended the command{amount}",
             message=f"the command exceeded the sandbox's memory limit and was killed{amount}; "
             "a larger --memory allows more, no policy changes it",
+        )
+    if result.status == "disk_exceeded":
+        return Denial(
+            kind="disk-full",
+            evidence=f"status disk_exceeded: {result.error or 'the writable root passed --disk'}",
+            message="the command filled the sandbox's writable root past its --disk bound and "
+            "was killed; a larger --disk allows more, no policy changes it",
         )
     if result.status != "failed":
         return None

@@ -96,6 +96,20 @@ CONNECT_TCP = (
 )
 
 
+def test_a_writable_root_is_refused_and_degrades_only_when_asked(ws: Path, backend: str) -> None:
+    """No overlay in bookworm's bubblewrap: ``--root writable`` is a guarantee the local
+    backends cannot give, refused by name with why; with ``allow_degraded`` the root stays
+    read-only and the result says what is missing."""
+    from sandboxrun import PolicyRefusedError
+
+    with pytest.raises(PolicyRefusedError, match="ephemeral-root") as refused:
+        run(ws, backend, "true", root="writable")
+    assert "no overlay" in str(refused.value) and "docker" in str(refused.value)
+    result = run(ws, backend, "touch /etc/x", root="writable", allow_degraded=True)
+    assert not result.ok and "ephemeral-root" in result.missing_guarantees
+    assert not os.path.exists("/etc/x")
+
+
 def test_host_tcp_port_unreachable(ws: Path, backend: str, tcp_server: int) -> None:
     control = subprocess.run([PY, "-c", CONNECT_TCP, str(tcp_server)], capture_output=True)
     assert b"CONNECTED" in control.stdout  # the port is really open on the host

@@ -92,6 +92,14 @@ def test_environment_as_a_list_and_limits_from_deploy() -> None:
     assert "pids" not in one({"image": "i", "pids_limit": -1})  # -1: unlimited
 
 
+def test_read_only_false_asks_for_a_writable_root() -> None:
+    def of(service: dict[str, Any]) -> dict[str, Any]:
+        return settings({"services": {"s": {"image": "i", **service}}}, where="c", base=BASE)
+
+    assert of({"read_only": False})["root"] == "writable"
+    assert "root" not in of({}) and "root" not in of({"read_only": True})  # read-only
+
+
 @pytest.mark.parametrize(
     ("data", "words"),
     [
@@ -107,7 +115,7 @@ def test_environment_as_a_list_and_limits_from_deploy() -> None:
         ({"services": {"s": {"image": "i", "privileged": True}}}, "`privileged`"),
         ({"services": {"s": {"image": "i", "ports": ["80:80"]}}}, "`ports`"),
         ({"services": {"s": {"image": "i", "network_mode": "host"}}}, "network_mode 'host'"),
-        ({"services": {"s": {"image": "i", "read_only": False}}}, "read_only False"),
+        ({"services": {"s": {"image": "i", "read_only": "no"}}}, "read_only 'no'"),
         ({"services": {"s": {"image": "i", "security_opt": ["seccomp=unconfined"]}}},
          "security_opt 'seccomp=unconfined'"),
         ({"services": {"s": {"build": {"context": ".", "args": {"A": "1"}}}}}, "build `args`"),

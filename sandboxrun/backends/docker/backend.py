@@ -26,6 +26,7 @@ from sandboxrun.backends.client import RunnerClient
 from sandboxrun.backends.docker import api as dockerapi
 from sandboxrun.backends.docker import cgroup as docker_cgroup
 from sandboxrun.backends.docker import config as cfg
+from sandboxrun.backends.docker import disk
 from sandboxrun.backends.docker import hint as image_hint
 from sandboxrun.backends.docker import rendezvous as sv
 from sandboxrun.backends.docker import seccomp as docker_seccomp
@@ -42,10 +43,16 @@ from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.engine.request import ExecRequest
 from sandboxrun.engine.results import NotStarted, Verdict
 from sandboxrun.engine.supervise import RunHandle, Supervision
-from sandboxrun.errors import BackendError, ConfigError, SandboxUnavailableError
+from sandboxrun.errors import (
+    BackendError,
+    ConfigError,
+    PolicyRefusedError,
+    SandboxUnavailableError,
+)
 from sandboxrun.models import BackendName, Limits, Policy
 from sandboxrun.supervisor import procfs as proctree
 from sandboxrun.supervisor.procfs import MARKER_VAR
+from sandboxrun.units import format_size
 
 CLOSE_BUDGET_S = 15.0
 """How long closing may take in all: removal attempts, retries and backoff."""
@@ -78,6 +85,8 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
     default_user = cfg.parse_user(None)
     every = Policy(access="read-only"), Limits(cpus=1)  # asks for every guarantee
     enforced = cfg.isolation(every[0], every[1], default_user, seccomp=True)
+    # a writable root is the container's own layer; its bound is checked at open (``disk``)
+    enforced += ["ephemeral-root", "disk-limit"]
     return Probe("docker", True, None, tuple(enforced))
 
 
@@ -196,6 +205,10 @@ class DockerBackend:
         """Removes a container without a supervisor if this process dies (``watchdog``)."""
         self.oom_file: str | None = None
         """The container's OOM-kill counter file (local engines), found once at open."""
+        self.disk_mode: str | None = "quota" if limits.disk_bytes is not None else None
+        """How ``--disk`` is enforced: ``quota`` (the engine's storage driver; tried first),
+        ``watch`` (``disk.LayerWatch``: the driver takes no size), None (no bound)."""
+        self._layer_watch: disk.LayerWatch | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -246,6 +259,12 @@ class DockerBackend:
             cid = self._create()
             self._start(cid)
             self._learn(cid)
+        try:
+            self._bound_disk(self.session.container_id or cid)
+        except BaseException:  # refused: the caller's close removes the container
+            if conn is not None:
+                conn.close()
+            raise
         if conn is None:  # nothing in the container ends its runs when this process dies
             try:
                 self._watchdog = Watchdog(cid)
@@ -273,6 +292,56 @@ class DockerBackend:
             self.session.run_cgroup_base = docker_cgroup.unified_dir(pid, cid)
             self.limits_shown = cfg.cgroup_limits(proctree.cgroup_lines(pid))
             self.oom_file = proctree.oom_file(pid)
+
+    def _bound_disk(self, cid: str) -> None:
+        """Where the engine gave no size (``disk_mode`` ``watch``), watch the container's
+        writable layer from here; refused (``disk-limit`` missing) where it cannot be read:
+        a remote engine, a driver without one, a layer this uid may not read."""
+        if self.disk_mode != "watch" or self.limits.disk_bytes is None:
+            return
+        upper = disk.upper_dir(dockerapi.inspect_container(self.session.api(), cid))
+        why = None
+        if not self.session.local or upper is None:
+            why = "the engine's storage driver takes no size and its layers are not on this host"
+        else:
+            try:
+                self._layer_watch = disk.LayerWatch(upper, self.limits.disk_bytes, self._overfull)
+            except OSError as exc:
+                why = (
+                    f"the engine's storage driver takes no size and its layer is unreadable ({exc})"
+                )
+        if why is None:
+            return
+        if self.policy.allow_degraded and not self.policy.strict:
+            self.disk_mode = None  # ``disk-limit`` is then missing from every result
+            log.warning("sandboxrun: --disk is not enforced: %s", why)
+            return
+        raise PolicyRefusedError("docker", ["disk-limit"], why, strict=self.policy.strict)
+
+    def _overfull(self, held: int) -> None:
+        """The watch's end: the writable root holds ``held`` bytes, past ``--disk``. Every
+        process of the container dies with its PID 1 (SIGKILL from this host's side reaches
+        it); the runs end ``disk_exceeded``, the next command gets a fresh container."""
+        limit = self.limits.disk_bytes or 0
+        self.session.disk_exceeded = (
+            f"the sandbox's writable root held {held / (1 << 20):.1f} MiB, past --disk "
+            f"{format_size(limit)}: every process in it was killed and its files outside "
+            "the workspace are gone (the next command gets a fresh root)"
+        )
+        self.session.recycle_needed = True
+        init, cid = self.session.init_pid, self.session.container_id
+        if init and cid and engine_visible(init, cid):
+            try:
+                os.kill(init, signal.SIGKILL)
+                return
+            except OSError:
+                pass
+        client = self.session.client
+        if client is not None and cid is not None:  # (its own request: a thread of its own)
+            try:
+                client.api.kill(cid)
+            except Exception as exc:  # the recycle removes it
+                log.warning("sandboxrun: could not kill the over-full sandbox container: %s", exc)
 
     def _discard(self, cid: str) -> None:
         """Remove a container set up in vain (it is started again another way)."""
@@ -335,8 +404,16 @@ class DockerBackend:
             supervisor=None
             if self._rendezvous is None
             else (self._rendezvous.dir, sv.MOUNT, sv.MAIN_COMMAND),
+            disk_quota=self.limits.disk_bytes if self.disk_mode == "quota" else None,
         )
-        cid = self.session.container_id = dockerapi.create_container(self.session.client, config)
+        try:
+            cid = dockerapi.create_container(self.session.client, config)
+        except BackendError as exc:
+            if self.disk_mode != "quota" or not disk.storage_opt_refused(str(exc)):
+                raise
+            self.disk_mode = "watch"  # this driver takes no size: watched from here instead
+            return self._create()
+        self.session.container_id = cid
         return cid
 
     def _start(self, cid: str) -> bool:
@@ -369,6 +446,9 @@ class DockerBackend:
         return left
 
     def _close_sync(self) -> None:
+        watch, self._layer_watch = self._layer_watch, None
+        if watch is not None:
+            watch.stop()
         # Taken at once: an abandoned close thread must never clear a later (reopened) client.
         client, self.session.client = self.session.client, None
         cid, self.session.container_id = self.session.container_id, None
@@ -405,7 +485,12 @@ class DockerBackend:
         env = self._env(request, cwd)
         cfg.check_utf8(argv=request.argv, script=request.script, env=env, workdir=cwd)
         isolation = cfg.isolation(
-            self.policy, self.limits, self.user, shown=self.limits_shown, seccomp=self.seccomp
+            self.policy,
+            self.limits,
+            self.user,
+            shown=self.limits_shown,
+            seccomp=self.seccomp,
+            disk=self.disk_mode is not None,
         )
 
         def shown() -> list[str]:
@@ -520,6 +605,8 @@ class DockerBackend:
             return Verdict()  # exited 0 and everything of it gone: nothing more to ask
         if supervisor.dead or self.session.dying():
             self.session.recycle_needed = True
+            if self.session.disk_exceeded:
+                return Verdict(status="disk_exceeded", error=self.session.disk_exceeded)
             why = supervisor.dead or "its supervisor is gone"
             error = (
                 f"the sandbox container stopped or was removed during the exec ({why}); "

@@ -152,6 +152,7 @@ def host_config(
     seccomp: str | None = None,
     supervisor: tuple[Path, str, list[str]] | None = None,
     secrets: tuple[Path, ...] = (),
+    disk_quota: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``APIClient.create_container`` / ``create_host_config``: hardened.
     ``seccomp``: the seccomp profile's JSON text (``docker_seccomp.profile_json``), or None for
@@ -162,7 +163,13 @@ def host_config(
     reach of every signal a command could send it: the kernel delivers none to its
     namespace's init that it has no handler for, SIGSTOP and SIGKILL included). ``secrets``:
     the host's secret paths (``backends.secrets``): those inside the workspace are masked as
-    the local backends mask them (a workspace that is a home directory)."""
+    the local backends mask them (a workspace that is a home directory). ``disk_quota``: the
+    size the engine's storage driver gives the writable root (``--storage-opt size=``; only
+    an engine whose driver takes one: ``disk``).
+
+    A writable root (``Policy.root``) is the container's own layer; a command running as uid 0
+    there gets the capabilities a package manager needs (``PACKAGE_CAPS``, a part of the
+    engine's default set), every other one stays dropped."""
     memory = limits.memory_bytes or DEFAULT_MEMORY
     # (inside the container) /var/tmp may run programs (inspect's sandbox tools) only where
     # the workspace could hold them anyway: with a read-only workspace nothing writable may
@@ -171,7 +178,7 @@ def host_config(
         "init": supervisor is None,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges", *([f"seccomp={seccomp}"] if seccomp else [])],
-        "read_only": True,
+        "read_only": policy.root != "writable",
         "tmpfs": {"/tmp": TMPFS_OPTS, "/var/tmp": var_tmp, HOME: TMPFS_OPTS},  # noqa: S108
         "pids_limit": limits.pids or DEFAULT_PIDS,
         "mem_limit": memory,
@@ -196,6 +203,10 @@ def host_config(
         host["auto_remove"] = True
     if limits.cpus is not None:
         host["nano_cpus"] = int(limits.cpus * 1e9)
+    if policy.root == "writable" and user.split(":")[0] == "0":
+        host["cap_add"] = list(PACKAGE_CAPS)
+    if disk_quota is not None:
+        host["storage_opt"] = {"size": str(disk_quota)}
     return {
         "image": image,
         "command": command,
@@ -206,6 +217,12 @@ def host_config(
         "host_config": host,
     }
 
+
+PACKAGE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID")
+"""What ``apt-get``/``dpkg`` (owners and modes of the files they unpack, the ``_apt`` user),
+``adduser`` (a home's owner) and ``pip`` need as root in a writable root: a part of the
+engine's default set (it also gives ``MKNOD``, ``NET_RAW``, ``SYS_CHROOT``, ``SETPCAP``, ...).
+``no-new-privileges`` stays: no setuid program gains anything."""
 
 Mount = dict[str, object]
 """A ``HostConfig.Mounts`` entry of the Engine API (what docker-py's ``types.Mount`` makes)."""
@@ -274,11 +291,14 @@ def isolation(
     *,
     shown: set[str] | None = None,
     seccomp: bool = False,
+    disk: bool = False,
 ) -> list[str]:
     """What the container enforces. ``shown``: the limits its cgroup really shows (None: not
     known, e.g. a remote engine; the configured limits are listed). ``seccomp``: whether
-    sandboxrun's seccomp profile was applied."""
-    enforced = ["container", "descendant-sweep", "read-only-root", "secrets-masked"]
+    sandboxrun's seccomp profile was applied. ``disk``: whether its writable root is bounded
+    (``disk``)."""
+    root = "ephemeral-root" if policy.root == "writable" else "read-only-root"
+    enforced = ["container", "descendant-sweep", root, "secrets-masked"]
     if policy.access == "read-only":
         enforced.append("read-only-workspace")
     if policy.network == "none":
@@ -290,6 +310,8 @@ def isolation(
     enforced += ["memory-limit", "pids-limit"]
     if limits.cpus is not None:
         enforced.append("cpu-limit")
+    if disk:
+        enforced.append("disk-limit")
     if shown is not None:
         enforced = [name for name in enforced if name not in LIMIT_GUARANTEES or name in shown]
     return enforced

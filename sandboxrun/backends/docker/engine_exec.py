@@ -493,6 +493,8 @@ class DockerRun:
         exec_oom = None not in (self.oom_before, oom_after) and oom_after != self.oom_before
         if init_dead or not state.get("Running"):
             session.recycle_needed = True
+            if session.disk_exceeded:
+                return Verdict(status="disk_exceeded", error=session.disk_exceeded)
             error = (
                 "the sandbox container stopped or was removed during the exec "
                 f"(state: {state.get('Status', 'gone')})"

@@ -45,10 +45,14 @@ class ContainerSession:
         """The runs in progress (a recycle waits for them)."""
         self.recycle_needed = False
         """Set when the container was seen dying: the next command gets a new one."""
+        self.disk_exceeded: str | None = None
+        """Why the container was killed: its writable root passed ``--disk`` (the runs it
+        ended say so, ``disk_exceeded``)."""
 
     def reset(self) -> None:
         """Forget the processes of a container that is being replaced."""
         self.keep, self.init_pid, self.supervisor_pid = frozenset(), None, None
+        self.disk_exceeded = None
 
     def api(self) -> dockerapi.Client:
         """The client, or ``BackendError`` once the sandbox was closed."""

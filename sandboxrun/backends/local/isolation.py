@@ -95,7 +95,15 @@ class HostSupport:
             reasons.append(self.bwrap_reason)
         if not self.seccomp and "seccomp" in missing:
             reasons.append("the kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)")
+        if set(missing) & {"ephemeral-root", "disk-limit"}:
+            reasons.append(WRITABLE_ROOT_WHY)
         return "; ".join(reasons)
+
+
+WRITABLE_ROOT_WHY = (
+    "a local sandbox has no writable root: this bubblewrap has no overlay (--overlay came in "
+    "0.9); --root writable runs on docker"
+)
 
 
 @dataclass(frozen=True)

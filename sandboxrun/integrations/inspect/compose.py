@@ -37,8 +37,13 @@ IGNORED = frozenset(
 """Keys that change nothing a command in the sandbox can rely on: sandboxrun starts its own
 main process (with an init), never publishes ports (``expose`` publishes none), drops every
 capability and gives no swap."""
-ALREADY = {"read_only": (True,), "security_opt": ("no-new-privileges", "no-new-privileges:true")}
-"""Hardening a sandboxrun sandbox always has: accepted with these values only."""
+ALREADY = {
+    "read_only": (True, False),
+    "security_opt": ("no-new-privileges", "no-new-privileges:true"),
+}
+"""Hardening a sandboxrun sandbox always has: accepted with these values only
+(``read_only: false`` asks for an ephemeral writable root: ``root: writable``; without the key
+the root is read-only, sandboxrun's default)."""
 TOP_IGNORED = frozenset({"version", "name"})
 NETWORK_MODES = {"none": "none", "bridge": "on", "default": "on"}
 
@@ -140,6 +145,8 @@ def settings(
                 f"{', '.join(sorted(TAKEN))})"
             )
     out: dict[str, Any] = {"backend": "docker"}
+    if service.get("read_only") is False:
+        out["root"] = "writable"
     out |= _image(service, here, base)
     out |= _environment(service.get("environment"), here, env)
     if service.get("working_dir") is not None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandboxrun.errors import ConfigError
-from sandboxrun.models import Access, Limits, Mount, Network, Policy, replaced
+from sandboxrun.models import Access, Limits, Mount, Network, Policy, Root, replaced
 from sandboxrun.units import parse_size
 
 NO_TIMEOUT_S = 30 * 86400.0
@@ -66,6 +66,11 @@ class SandboxrunConfig(BaseModel):
     access: Access = "workspace-write"
     network: Network = "none"
     allow_degraded: bool = False
+    root: Root = "read-only"
+    """``writable``: an ephemeral root (``Policy.root``; docker only), for tasks that install
+    their dependencies (``pip``, ``apt-get``, ``adduser`` with ``user: "0"``)."""
+    disk: str | int | None = None
+    """With a writable root, the most it may hold: bytes or ``512m``/``2g`` (``--disk``)."""
     memory: str | int | None = None
     """Memory limit, bytes or ``512m``/``2g`` (docker's default: 2g)."""
     cpus: float | None = None
@@ -115,14 +120,17 @@ class SandboxrunConfig(BaseModel):
             allow_degraded=self.allow_degraded,
             mask_output=self.mask_output,
             mounts=tuple(Mount.parse(spec) for spec in self.mounts),
+            root=self.root,
         )
 
     def limits(self) -> Limits:
         """``Limits`` for the sandbox; the output limit is set per command (inspect's own, a
         context variable), spill files are off: inspect keeps no file of a command's output."""
-        memory = self.memory
+        memory, disk = self.memory, self.disk
         if isinstance(memory, str):
             memory = parse_size(memory, what="memory")
+        if isinstance(disk, str):
+            disk = parse_size(disk, what="disk")
         timeout = self.default_timeout or NO_TIMEOUT_S
         try:
             return Limits(
@@ -130,6 +138,7 @@ class SandboxrunConfig(BaseModel):
                 grace_s=self.grace,
                 spill_max=0,
                 memory_bytes=memory,
+                disk_bytes=disk,
                 cpus=self.cpus,
                 pids=self.pids,
             )

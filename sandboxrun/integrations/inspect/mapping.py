@@ -93,7 +93,8 @@ def returncode(result: ExecResult) -> int:
             return 128 + int(signal.Signals[result.signal])
         except KeyError:
             pass
-    return 128 + int(signal.SIGKILL) if result.status == "oom_killed" else 1
+    killed = result.status in ("oom_killed", "disk_exceeded")
+    return 128 + int(signal.SIGKILL) if killed else 1
 
 
 def _timeout_error(result: ExecResult, timeout: float | None) -> TimeoutError:
@@ -142,8 +143,9 @@ def to_inspect(
         raise OutputLimitExceededError(limit_str, truncated_output=result.stdout + result.stderr)
     code = returncode(result)
     stderr = result.stderr
-    if result.status == "oom_killed":
-        stderr += ("\n" if stderr and not stderr.endswith("\n") else "") + OOM_NOTE
+    if result.status in ("oom_killed", "disk_exceeded"):
+        note = OOM_NOTE if result.status == "oom_killed" else f"[sandboxrun] {result.error}\n"
+        stderr += ("\n" if stderr and not stderr.endswith("\n") else "") + note
     elif wrapped and code == 126 and _wrapper_refused(result, cmd[0]):
         raise PermissionError(errno.EACCES, "Permission denied executing command", cmd[0])
     return InspectResult(code == 0, code, result.stdout, stderr)
