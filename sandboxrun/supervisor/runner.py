@@ -685,6 +685,27 @@ def connect(path: str) -> socket.socket:
     return sock
 
 
+CAP_KILL = 5
+_CAP_VERSION_3 = 0x20080522
+
+
+def keep_only_kill(libc: ctypes.CDLL) -> None:
+    """As root in a container with capabilities (a writable root's ``PACKAGE_CAPS``): keep only
+    ``CAP_KILL`` in effect here (what a command switched to another uid needs to be ended), so
+    that the files API honours mode bits (no ``DAC_OVERRIDE``). The permitted set is kept: a
+    root command gets the bounding set at its ``execve`` whatever this process's sets are."""
+    if os.geteuid() != 0:
+        return
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # (effective, permitted, inheritable) x 2 words
+    if libc.capget(header, data) != 0:
+        return
+    data[0] = data[1] & (1 << CAP_KILL)
+    data[3] = 0
+    if libc.capset(header, data) != 0:
+        sys.stderr.write(f"sandboxrun runner: capset failed: {os.strerror(ctypes.get_errno())}\n")
+
+
 def main() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -708,6 +729,8 @@ def main() -> None:
     except OSError:
         OOM_FD = -1
     connecting = sys.argv[1] == "--connect"
+    if connecting:  # a docker container's supervisor
+        keep_only_kill(libc)
     plan = json.loads(sys.argv[2]) if len(sys.argv) > 2 and not connecting else {}
     if not plan.pop("holder", False):  # commands of the same uid cannot read our memory
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)

@@ -55,11 +55,10 @@ INSPECT = ROOT / ".venv" / "bin" / "inspect"
 TASK = Path(__file__).with_name("inspect_task.py")
 
 CHECKS = sorted(self_check.__all__)
-EXPECTED_FAILURES = {
-    # adduser writes /etc/passwd and chowns a home directory: the container's root file
-    # system is read-only and every capability is dropped (docs/inspect.md, "Self-check")
-    "test_exec_as_user": "Failed to add user",
-}
+EXPECTED_FAILURES: dict[str, str] = {}
+"""None, with a writable root (``root: writable``, uid 0: adduser writes /etc/passwd and
+chowns a home; ``exec(user=...)`` switches with setpriv). A read-only root fails
+``test_exec_as_user`` alone: ``test_exec_as_user_needs_a_writable_root``."""
 RESULTS: dict[str, str] = {}
 
 
@@ -72,7 +71,8 @@ def anyio_backend() -> str:
 async def sample_env() -> AsyncIterator[SandboxrunSandboxEnvironment]:
     """One sample's sandbox for the whole suite, made and cleaned up as inspect does."""
     require_backend("docker")
-    envs = await SandboxrunSandboxEnvironment.sample_init("self-check", None, {})
+    config = SandboxrunConfig(root="writable")  # adduser writes /etc/passwd
+    envs = await SandboxrunSandboxEnvironment.sample_init("self-check", config, {})
     env = envs["default"]
     assert isinstance(env, SandboxrunSandboxEnvironment)
     yield env
@@ -117,7 +117,7 @@ def test_self_check_summary() -> None:
     passed = sorted(name for name, outcome in RESULTS.items() if outcome == "passed")
     print(f"\ninspect_ai self-check on sandboxrun (docker): {len(passed)}/{len(CHECKS)} passed")
     print(f"expected failures: {sorted(EXPECTED_FAILURES)}")
-    assert len(passed) == len(CHECKS) - len(EXPECTED_FAILURES) == 43
+    assert len(passed) == len(CHECKS) - len(EXPECTED_FAILURES) == 44
 
 
 # -- 2. beyond the suite ------------------------------------------------------------------------
@@ -133,6 +133,34 @@ async def test_timeout_kills_every_process(sample_env: SandboxrunSandboxEnvironm
     ps = await sample_env.exec(["ps", "-eo", "args"])
     assert ps.success
     assert not [line for line in ps.stdout.splitlines() if line.startswith("sleep 30")], ps.stdout
+
+
+async def test_another_users_command_is_ended_too_and_files_keep_their_modes(
+    sample_env: SandboxrunSandboxEnvironment,
+) -> None:
+    """``exec(user=...)`` in a writable root switches uid (``setpriv``): the supervisor, which
+    keeps only ``CAP_KILL`` of the sandbox's capabilities, still ends every process of such a
+    command at its timeout; and the files API, as root, honours mode bits (no ``DAC_OVERRIDE``
+    in the supervisor; a command as root has it)."""
+    added = await sample_env.exec(
+        ["adduser", "--comment", "t", "--disabled-password", "carol"], user="root", timeout=20
+    )
+    assert added.success, added.stderr
+    who = await sample_env.exec(["sh", "-c", "id -un; echo $HOME"], user="carol")
+    assert who.stdout.split() == ["carol", "/home/carol"], who
+    script = "setsid sleep 311 & (trap '' TERM; sleep 312) & sleep 313"
+    with pytest.raises(TimeoutError):
+        await sample_env.exec(["sh", "-c", script], user="carol", timeout=1)
+    ps = await sample_env.exec(["ps", "-eo", "user:12,args"])
+    assert not [line for line in ps.stdout.splitlines() if "sleep 31" in line], ps.stdout
+    caps = await sample_env.exec(["grep", "CapEff", "/proc/1/status", "/proc/self/status"])
+    assert "/proc/1/status:CapEff:\t0000000000000020" in caps.stdout, caps.stdout  # KILL only
+    await sample_env.exec(["sh", "-c", "echo secret > closed && chmod 0 closed"])
+    with pytest.raises(PermissionError):
+        await sample_env.read_file("closed")
+    read = await sample_env.exec(["cat", "closed"])  # a root command: DAC_OVERRIDE
+    assert read.stdout == "secret\n"
+    await sample_env.exec(["userdel", "-r", "carol"], user="root")
 
 
 async def test_timeout_keeps_partial_output(sample_env: SandboxrunSandboxEnvironment) -> None:

@@ -27,9 +27,11 @@ from sandboxrun.integrations.inspect.mapping import (
     file_error,
     missing_user_result,
     parse_passwd,
+    passwd_entries,
     plan_cwd,
     returncode,
     sandbox_path,
+    switch_user,
     to_inspect,
     user_verdict,
     with_wrapper,
@@ -273,3 +275,38 @@ def test_missing_user_result() -> None:
     missing = missing_user_result("ghost")
     assert (missing.success, missing.returncode, missing.stdout) == (False, 126, "")
     assert "ghost" in missing.stderr
+
+
+WITH_HOMES = (
+    "root:x:0:0:root:/root:/bin/bash\n"
+    "sandbox:x:1000:1000::/home/sandbox:/bin/bash\n"
+    "bob:x:1001:1002:,,,:/home/bob:/bin/bash\n"
+    "bob:x:7:7::/elsewhere:/bin/sh\n"  # the first line of a name wins
+    "broken:x:notanumber:1::/:/bin/sh\n"
+    "short:x:5\n"
+)
+
+
+def test_passwd_entries() -> None:
+    entries = passwd_entries(WITH_HOMES)
+    assert entries == {
+        "root": (0, 0, "/root"),
+        "sandbox": (1000, 1000, "/home/sandbox"),
+        "bob": (1001, 1002, "/home/bob"),
+    }
+    assert parse_passwd(WITH_HOMES) == {"root": 0, "sandbox": 1000, "bob": 1001}
+
+
+def test_switch_user_by_name_and_by_uid() -> None:
+    entries = passwd_entries(WITH_HOMES)
+    words, env = switch_user("bob", entries, {"A": "1", "HOME": "/given"})
+    assert words == ["setpriv", "--reuid=1001", "--regid=1002", "--init-groups", "--"]
+    assert env == {"A": "1", "HOME": "/given", "USER": "bob", "LOGNAME": "bob"}
+    words, env = switch_user("1000", entries, None)  # a uid with a name: its groups, its home
+    assert words[1:4] == ["--reuid=1000", "--regid=1000", "--init-groups"]
+    assert env == {"HOME": "/home/sandbox", "USER": "sandbox", "LOGNAME": "sandbox"}
+    words, env = switch_user("4242", entries, None)  # no such entry: no groups, home /
+    assert words[1:4] == ["--reuid=4242", "--regid=4242", "--clear-groups"]
+    assert env == {"HOME": "/"}
+    with pytest.raises(ValueError, match="no user 'eve'"):
+        switch_user("eve", entries, None)

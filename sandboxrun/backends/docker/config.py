@@ -218,11 +218,14 @@ def host_config(
     }
 
 
-PACKAGE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID")
-"""What ``apt-get``/``dpkg`` (owners and modes of the files they unpack, the ``_apt`` user),
-``adduser`` (a home's owner) and ``pip`` need as root in a writable root: a part of the
-engine's default set (it also gives ``MKNOD``, ``NET_RAW``, ``SYS_CHROOT``, ``SETPCAP``, ...).
-``no-new-privileges`` stays: no setuid program gains anything."""
+PACKAGE_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID")
+"""What ``apt-get``/``dpkg`` (owners and modes of the files they unpack, the ``_apt`` user)
+and ``adduser`` (a home it chowns, then fills) need as root in a writable root, and ``KILL``:
+the supervisor ends what a command started as another uid (``setpriv``, ``runuser``). A part
+of the engine's default set (it also gives ``MKNOD``, ``NET_RAW``, ``SYS_CHROOT``,
+``SETPCAP``...). ``no-new-privileges`` stays: no setuid program gains anything. The
+supervisor itself keeps only ``KILL`` in effect (``runner.keep_only_kill``): the files API
+answers as root without ``DAC_OVERRIDE``, a file's mode bits hold."""
 
 Mount = dict[str, object]
 """A ``HostConfig.Mounts`` entry of the Engine API (what docker-py's ``types.Mount`` makes)."""

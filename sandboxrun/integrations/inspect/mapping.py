@@ -192,12 +192,41 @@ Verdict = Literal["own", "missing", "other"]
 
 def parse_passwd(text: str) -> dict[str, int]:
     """``name -> uid`` from an ``/etc/passwd``'s text (malformed lines skipped)."""
-    users: dict[str, int] = {}
+    return {name: entry[0] for name, entry in passwd_entries(text).items()}
+
+
+def passwd_entries(text: str) -> dict[str, tuple[int, int, str]]:
+    """``name -> (uid, gid, home)`` from an ``/etc/passwd``'s text (malformed lines skipped;
+    the first line of a name wins, as ``getpwnam``)."""
+    users: dict[str, tuple[int, int, str]] = {}
     for line in text.splitlines():
         fields = line.split(":")
-        if len(fields) >= 3 and fields[0] and fields[2].isdigit():
-            users.setdefault(fields[0], int(fields[2]))
+        if len(fields) >= 6 and fields[0] and fields[2].isdigit() and fields[3].isdigit():
+            users.setdefault(fields[0], (int(fields[2]), int(fields[3]), fields[5]))
     return users
+
+
+def switch_user(
+    user: str, entries: dict[str, tuple[int, int, str]], env: dict[str, str] | None
+) -> tuple[list[str], dict[str, str]]:
+    """How a uid-0 sandbox that may change uid (a writable root on docker: ``SETUID`` and
+    ``SETGID``) runs a command as ``user`` (a name in ``entries``, or a decimal uid): the
+    ``setpriv`` words before it (util-linux: real and effective ids, the user's groups, or none
+    for a bare uid) and its environment with ``HOME``, ``USER``, ``LOGNAME`` as ``docker exec
+    --user`` sets them (where the caller did not)."""
+    name: str | None = user
+    if user.isdecimal():
+        name = next((n for n, entry in entries.items() if entry[0] == int(user)), None)
+    elif user not in entries:
+        raise ValueError(f"no user {user!r} in the sandbox's /etc/passwd")
+    uid, gid, home = entries[name] if name is not None else (int(user), int(user), "/")
+    groups = "--init-groups" if name is not None else "--clear-groups"
+    words = ["setpriv", f"--reuid={uid}", f"--regid={gid}", groups, "--"]
+    given = dict(env or {})
+    for key, value in (("HOME", home), ("USER", name), ("LOGNAME", name)):
+        if value is not None:
+            given.setdefault(key, value)
+    return words, given
 
 
 def user_verdict(user: str, *, uid: int, users: dict[str, int]) -> Verdict:

@@ -64,8 +64,10 @@ from sandboxrun.integrations.inspect.mapping import (
     file_error,
     missing_user_result,
     parse_passwd,
+    passwd_entries,
     plan_cwd,
     sandbox_path,
+    switch_user,
     to_inspect,
     user_verdict,
     with_wrapper,
@@ -193,6 +195,10 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         """The uid every command runs as (a root invoker's local sandbox: the workspace
         owner's, ``backends.owner``)."""
         self._users: dict[str, int] | None = None
+        self._entries: dict[str, tuple[int, int, str]] = {}
+        self.switches_user = self.uid == 0 and container is not None and config.root == "writable"
+        """Whether ``exec(user=...)`` may run a command as another user: uid 0 in a writable
+        root on docker, which has ``SETUID`` and ``SETGID`` (``PACKAGE_CAPS``): ``setpriv``."""
         self._closed = False
         self._tools: Job | None = None
         self._tools_lock = anyio.Lock()
@@ -329,13 +335,19 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
             raise ValueError("exec needs a command")
         if user is not None:
             verdict = user_verdict(user, uid=self.uid, users=await self._passwd(user))
+            if verdict == "missing" and self.switches_user:  # adduser may have made it since
+                verdict = user_verdict(user, uid=self.uid, users=await self._passwd(user, True))
             if verdict == "missing":
                 return missing_user_result(user)
             if verdict == "other":
-                raise SandboxUserUnsupportedError(
-                    f"this sandboxrun sandbox runs every command as uid {self.uid} (the config's "
-                    f"`user`); it cannot run one as {user!r}"
-                )
+                if not self.switches_user:
+                    raise SandboxUserUnsupportedError(
+                        f"this sandboxrun sandbox runs every command as uid {self.uid} (the "
+                        f"config's `user`); it cannot run one as {user!r} (a sandbox of uid 0 "
+                        "with `root: writable` can)"
+                    )
+                words, env = switch_user(user, self._entries, env)
+                cmd = [*words, *cmd]
         if is_start_server(cmd):
             async with self._tools_lock:  # one server: a second call finds it running
                 if self._tools is None or self._tools.done:
@@ -421,15 +433,17 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
         limits = replaced(request.limits, max_output=max(limit, 64))
         return dataclasses.replace(request, limits=limits)
 
-    async def _passwd(self, user: str) -> dict[str, int]:
-        """The sandbox's users (its ``/etc/passwd``), read once; not needed for a uid."""
-        if user.isdecimal():
+    async def _passwd(self, user: str, fresh: bool = False) -> dict[str, int]:
+        """The sandbox's users (its ``/etc/passwd``), read once (``fresh``: again); not needed
+        for a uid, unless the sandbox switches users (its name and home then)."""
+        if user.isdecimal() and not self.switches_user:
             return {}
-        if self._users is None:
+        if self._users is None or fresh:
             try:
                 text = await self.sandbox.read_file("/etc/passwd", max_bytes=16 << 20)
             except SandboxrunError:
                 text = b""
+            self._entries = passwd_entries(text.decode("utf-8", "replace"))
             self._users = parse_passwd(text.decode("utf-8", "replace"))
         return self._users
 
