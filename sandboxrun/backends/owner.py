@@ -16,6 +16,7 @@ import pwd
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -164,8 +165,14 @@ def owner_argv(
     return [*trial, "--", *python]
 
 
-STARTS: dict[tuple[int, int, str | None, tuple[str, ...], tuple[str, ...]], None] = {}
-"""The trials that passed (a failed one is tried again: a busy host may have timed it out)."""
+Trial = tuple[int, int, str | None, tuple[str, ...], tuple[str, ...]]
+STARTS: dict[Trial, None] = {}
+"""The trials that passed."""
+FAILS: dict[Trial, tuple[float, str]] = {}
+"""The trials that failed (when, why), believed for ``FAIL_TTL_S``: a root invoker whose
+Python the owner cannot run does not pay a trial at every open. One that timed out is not
+kept (a busy host)."""
+FAIL_TTL_S = 60.0
 
 
 def owner_start(
@@ -179,6 +186,9 @@ def owner_start(
     key = (uid, gid, bwrap, runtime, root)
     if key in STARTS:
         return None
+    failed = FAILS.get(key)
+    if failed is not None and time.monotonic() - failed[0] < FAIL_TTL_S:
+        return failed[1]
     try:
         done = subprocess.run(
             owner_argv(bwrap, runtime, root),
@@ -199,7 +209,8 @@ def owner_start(
     why = said[-1] if said else f"exit status {done.returncode}"
     if bwrap is not None and "namespace" in why.lower():
         why += f" (uid {uid} gets no user namespace here)"
-    return f"uid {uid} cannot run sandboxrun's Python here: {why}"
+    FAILS[key] = (time.monotonic(), f"uid {uid} cannot run sandboxrun's Python here: {why}")
+    return FAILS[key][1]
 
 
 def run_as(

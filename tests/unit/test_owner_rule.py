@@ -143,3 +143,36 @@ def test_a_plan_of_the_owner_takes_a_user_namespace_and_no_cap_drop(tmp_path: Pa
         root = LocalPlan(Policy(), ws, (), support)
         assert root.as_root and "non-root" not in root.layers()
         assert "--cap-drop" in root.bwrap_argv(["x"])
+
+
+def test_a_failed_trial_is_believed_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root invoker whose Python the owner cannot run pays the trial once a minute, not at
+    every open; a trial that timed out (a busy host) is tried again at once."""
+    import subprocess
+
+    from sandboxrun.backends import owner
+
+    calls: list[list[str]] = []
+
+    def failing(argv: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, b"", b"python3: Permission denied\n")
+
+    monkeypatch.setattr(owner, "FAILS", {})
+    monkeypatch.setattr(subprocess, "run", failing)
+    first = owner.owner_start(4242, 4242, None, ())
+    assert first is not None and "Permission denied" in first
+    assert owner.owner_start(4242, 4242, None, ()) == first and len(calls) == 1
+    assert owner.owner_start(4343, 4343, None, ()) is not None and len(calls) == 2
+    monkeypatch.setattr(owner, "FAIL_TTL_S", 0.0)
+    assert owner.owner_start(4242, 4242, None, ()) == first and len(calls) == 3
+
+    def timing_out(argv: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        calls.append(argv)
+        raise subprocess.TimeoutExpired(argv, 10)
+
+    monkeypatch.setattr(owner, "FAIL_TTL_S", 60.0)
+    monkeypatch.setattr(subprocess, "run", timing_out)
+    assert "cannot start it" in (owner.owner_start(4444, 4444, None, ()) or "")
+    assert "cannot start it" in (owner.owner_start(4444, 4444, None, ()) or "")
+    assert len(calls) == 5
