@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sandboxrun.api.files import DirEntry
     from sandboxrun.api.jobs import Job, JobChunk, JobLines
+    from sandboxrun.api.pool import PoolStats, SandboxPool
     from sandboxrun.api.sandbox import Sandbox, run
     from sandboxrun.api.shell import Shell, ShellResult
     from sandboxrun.api.terminal import (
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         InputError,
         NoSuchSandbox,
         PolicyRefusedError,
+        PoolExhaustedError,
         SandboxFileError,
         SandboxFileNotFoundError,
         SandboxFileTooLargeError,
@@ -60,6 +62,9 @@ _LAZY = {
     "SandboxPermissionError": "sandboxrun.errors",
     "SandboxrunError": "sandboxrun.errors",
     "SandboxUnavailableError": "sandboxrun.errors",
+    "PoolExhaustedError": "sandboxrun.errors",
+    "PoolStats": "sandboxrun.api.pool",
+    "SandboxPool": "sandboxrun.api.pool",
     "WorkspaceError": "sandboxrun.errors",
     "BlockingJob": "sandboxrun.integrations.blocking",
     "BlockingSandbox": "sandboxrun.integrations.blocking",
@@ -124,6 +129,8 @@ __all__ = [
     "OutputWait",
     "Policy",
     "PolicyRefusedError",
+    "PoolExhaustedError",
+    "PoolStats",
     "Sandbox",
     "SandboxFileError",
     "SandboxFileNotFoundError",
@@ -131,6 +138,7 @@ __all__ = [
     "SandboxIsADirectoryError",
     "SandboxNotADirectoryError",
     "SandboxPermissionError",
+    "SandboxPool",
     "SandboxUnavailableError",
     "SandboxrunError",
     "Shell",

@@ -54,6 +54,11 @@ class NoSuchSandbox(InputError):
     """No detached sandbox of that name lives here (``Sandbox.attach``, ``sandboxrun exec``)."""
 
 
+class PoolExhaustedError(SandboxrunError):
+    """No sandbox of a ``SandboxPool`` became ready within the acquire's wait; the message
+    says what the pool holds and its last failed open."""
+
+
 class SandboxUnavailableError(SandboxrunError):
     """The requested backend cannot run here; ``reason`` says why."""
 

@@ -12,9 +12,10 @@ import time
 import uuid
 from pathlib import Path
 
+import anyio
 import docker
 import pytest
-from helpers import cli, processes_mentioning, require_backend
+from helpers import cli, processes_mentioning, require_backend, wait_until
 
 from sandboxrun import Limits, Policy, PolicyRefusedError, Sandbox
 from sandboxrun.backends.docker.backend import DockerBackend
@@ -103,7 +104,7 @@ async def test_the_default_root_stays_read_only_and_a_non_root_user_gets_no_capa
     ids=["one-file", "many-files"],
 )
 async def test_disk_stops_a_flood_and_throws_the_root_away(workspace: Path, flood: str) -> None:
-    marker = f"sbx-disk-{uuid.uuid4().hex[:8]}"
+    marker = f"9{uuid.uuid4().int % 10**6:06d}.5"  # `sleep 9123456.5`: its own
     limits = Limits(disk_bytes=64 << 20, timeout_s=60)
     async with Sandbox(workspace, backend="docker", policy=WRITABLE, user="0", limits=limits) as sb:
         assert isinstance(sb.backend, DockerBackend)
@@ -112,10 +113,10 @@ async def test_disk_stops_a_flood_and_throws_the_root_away(workspace: Path, floo
         before = await sb.exec(shell="echo kept > /etc/before; echo ws > /workspace/ws-file")
         assert before.ok and "disk-limit" in before.isolation, before
         # a writer that left the command's session, also past the bound
-        bg = await sb.exec(
-            shell=f"setsid sh -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &"
+        await sb.start(["sh", "-c", f"setsid sleep {marker} & wait"])
+        assert await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: bool(processes_mentioning(marker)), 10)
         )
-        assert bg.ok
         started = time.monotonic()
         result = await sb.exec(shell=flood)
         assert result.status == "disk_exceeded", result

@@ -1,0 +1,339 @@
+"""``SandboxPool``: warm sandboxes on one host, each handed out once.
+
+A pool keeps ``size`` sandboxes ready: opened (container started, supervisor connected) and
+with the login-shell snapshot taken, each on a private copy of the workspace template (or an
+empty directory, or one a factory filled). ``async with pool.acquire() as sb`` takes one at
+once when one is ready, else waits (at most ``acquire_timeout_s``: ``PoolExhaustedError``
+names what the pool holds and its last failure). A released sandbox is never handed out
+again: it is closed in the background (every process of it killed, its container removed,
+its workspace deleted) while a fresh one opens in its place, so nothing a command left (a
+process, a file in ``/tmp``, a change to the workspace, a tainted root) can reach the next
+holder. Opens run ``open_concurrency`` at a time; a failed one is retried with a growing pause
+(at most ``MAX_RETRY_S``), and waiting acquirers see its error.
+
+The pool is one anyio task group: ``async with SandboxPool(...) as pool`` (or ``await
+pool.open()`` / ``await pool.aclose()``). Closing it closes every sandbox, ready or held (a
+holder's later calls then fail as on a closed ``Sandbox``), and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from sandboxrun.api.sandbox import Sandbox
+from sandboxrun.errors import ConfigError, PoolExhaustedError, SandboxrunError
+
+log = logging.getLogger("sandboxrun")
+
+MAX_RETRY_S = 5.0
+"""The longest pause between two failed opens."""
+WAITS_KEPT = 1000
+"""How many acquire waits ``stats`` summarises (the latest)."""
+
+Template = Path | str | Callable[[Path], None] | None
+"""A pooled sandbox's workspace: a directory copied for each one, a callable that fills the
+empty directory it is given, or None (an empty one)."""
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """What a pool holds and has done (``SandboxPool.stats``)."""
+
+    size: int
+    ready: int
+    """Opened, snapshot taken, not handed out."""
+    in_use: int
+    opening: int
+    closing: int
+    """Released, being closed (they still count against ``size``)."""
+    opened: int
+    """Every sandbox this pool opened so far."""
+    discarded: int
+    """Released (or closed with the pool) and closed."""
+    failed_opens: int
+    acquired: int
+    waiting: int
+    """Acquirers waiting now."""
+    acquire_wait_p50_s: float | None
+    acquire_wait_max_s: float | None
+    last_error: str | None
+    """The last failed open's error, or None."""
+
+
+class SandboxPool:
+    """Up to ``size`` warm sandboxes, each handed out once. ``workspace``: the template of
+    each sandbox's private workspace (``Template``); ``root``: where those workspaces are
+    made (a private directory under the system's temporary one by default).
+    ``sandbox_options``: what each ``Sandbox`` is made with (``backend``, ``image``,
+    ``policy``, ``limits``, ``env``, ...), as ``Sandbox(...)`` takes them."""
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        workspace: Template = None,
+        acquire_timeout_s: float = 60.0,
+        open_concurrency: int = 2,
+        root: Path | str | None = None,
+        **sandbox_options: Any,
+    ) -> None:
+        if not isinstance(size, int) or size < 1:
+            raise ConfigError(
+                f"SandboxPool size must be a whole number of at least 1, got {size!r}"
+            )
+        if not (math.isfinite(acquire_timeout_s) and acquire_timeout_s > 0):
+            raise ConfigError(
+                f"acquire_timeout_s must be a positive number of seconds, got {acquire_timeout_s!r}"
+            )
+        if open_concurrency < 1:
+            raise ConfigError(f"open_concurrency must be at least 1, got {open_concurrency!r}")
+        for taken in ("workspace", "detach", "name"):
+            if taken in sandbox_options:
+                raise ConfigError(f"SandboxPool takes no {taken!r} for its sandboxes")
+        if isinstance(workspace, (str, Path)) and not Path(workspace).is_dir():
+            raise ConfigError(
+                f"SandboxPool workspace template {str(workspace)!r} is not a directory"
+            )
+        self.size = size
+        self.template = workspace
+        self.acquire_timeout_s = acquire_timeout_s
+        self.open_concurrency = open_concurrency
+        self.sandbox_options = sandbox_options
+        self._root_given = None if root is None else Path(root)
+        self._root: Path | None = None
+        self._group: anyio.abc.TaskGroup | None = None
+        self._send, self._ready = anyio.create_memory_object_stream[Sandbox](size)
+        self._held: set[Sandbox] = set()
+        self._every: set[Sandbox] = set()
+        """Every sandbox of the pool not yet closed (ready, held, opening)."""
+        self._opening = 0
+        self._slots = 0
+        """Sandboxes alive or on their way (opening, ready, held, closing): at most ``size``."""
+        self._want = anyio.Event()
+        """Set when the pool may be short of sandboxes (the filler looks again)."""
+        self._closing = False
+        self._closed = anyio.Event()
+        self._counts = {"opened": 0, "discarded": 0, "failed_opens": 0, "acquired": 0}
+        self._waiting = 0
+        self._waits: deque[float] = deque(maxlen=WAITS_KEPT)
+        self._last_error: str | None = None
+        self._failed_in_a_row = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> Self:
+        """Start filling the pool (it returns at once: ``acquire`` waits for the first)."""
+        if self._group is not None or self._closing:
+            raise RuntimeError("a SandboxPool is opened once")
+        self._root = self._root_given or Path(tempfile.mkdtemp(prefix="sandboxrun-pool-"))
+        self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        self._group = group
+        group.start_soon(self._fill)
+        return self
+
+    async def aclose(self) -> None:
+        """Close every sandbox of the pool, ready or held, and remove their workspaces
+        (idempotent; it always finishes). In the task that opened it (an anyio task group
+        holds the pool's background work: ``async with`` is the way)."""
+        if self._closing:
+            with anyio.CancelScope(shield=True):
+                await self._closed.wait()
+            return
+        self._closing = True
+        self._want.set()
+        group, self._group = self._group, None
+        try:
+            if group is not None:
+                group.cancel_scope.cancel()  # the filler and the opens under way
+                await group.__aexit__(None, None, None)
+        finally:
+            with anyio.CancelScope(shield=True):
+                self._send.close()
+                for sb in list(self._every):
+                    await self._release(sb)
+                while True:  # the ready ones were closed above: forget them
+                    try:
+                        self._ready.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                self._ready.close()
+                root = self._root
+                if root is not None and self._root_given is None:
+                    await anyio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))
+                self._closed.set()
+
+    # -- handing out ---------------------------------------------------------------------------
+    @asynccontextmanager
+    async def acquire(self, timeout_s: float | None = None) -> AsyncIterator[Sandbox]:
+        """A ready sandbox for the block; closed and replaced after it. ``timeout_s``: the
+        longest wait (default ``acquire_timeout_s``): ``PoolExhaustedError`` past it."""
+        sb = await self._take(self.acquire_timeout_s if timeout_s is None else timeout_s)
+        try:
+            yield sb
+        finally:
+            self._held.discard(sb)
+            if self._group is not None and not self._closing:
+                self._group.start_soon(self._release, sb)
+            else:
+                await self._release(sb)
+
+    async def _take(self, timeout_s: float) -> Sandbox:
+        if self._group is None or self._closing:
+            raise RuntimeError("the SandboxPool is not open (use `async with SandboxPool(...)`)")
+        began = time.monotonic()
+        self._waiting += 1
+        try:
+            with anyio.move_on_after(timeout_s):
+                sb = await self._ready.receive()  # cancellation-safe: nothing is lost
+                self._held.add(sb)  # (no await between: a cancel cannot drop it)
+                self._counts["acquired"] += 1
+                self._waits.append(time.monotonic() - began)
+                return sb
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise RuntimeError("the SandboxPool was closed") from None
+        finally:
+            self._waiting -= 1
+        raise PoolExhaustedError(self._exhausted(timeout_s))
+
+    def _exhausted(self, timeout_s: float) -> str:
+        s = self.stats()
+        why = f"; the last open failed: {s.last_error}" if s.last_error else ""
+        return (
+            f"no sandbox of the pool was ready within {timeout_s:g}s (size {s.size}: "
+            f"{s.in_use} in use, {s.opening} opening, {s.waiting} waiting){why}"
+        )
+
+    def stats(self) -> PoolStats:
+        waits = list(self._waits)
+        ready = self._ready.statistics().current_buffer_used
+        return PoolStats(
+            size=self.size,
+            ready=ready,
+            in_use=len(self._held),
+            opening=self._opening,
+            closing=max(0, self._slots - ready - len(self._held) - self._opening),
+            opened=self._counts["opened"],
+            discarded=self._counts["discarded"],
+            failed_opens=self._counts["failed_opens"],
+            acquired=self._counts["acquired"],
+            waiting=self._waiting,
+            acquire_wait_p50_s=statistics.median(waits) if waits else None,
+            acquire_wait_max_s=max(waits) if waits else None,
+            last_error=self._last_error,
+        )
+
+    # -- filling -------------------------------------------------------------------------------
+    async def _fill(self) -> None:
+        """Keep ``size`` sandboxes in the pool (ready, held or opening), opening at most
+        ``open_concurrency`` at once."""
+        assert self._group is not None
+        while not self._closing:
+            self._want = anyio.Event()
+            for _ in range(min(self.size - self._slots, self.open_concurrency - self._opening)):
+                self._opening += 1
+                self._slots += 1
+                self._group.start_soon(self._open_one)
+            await self._want.wait()
+
+    async def _open_one(self) -> None:
+        sb: Sandbox | None = None
+        workspace: Path | None = None
+        try:
+            workspace = await anyio.to_thread.run_sync(self._new_workspace)
+            sb = Sandbox(workspace, **self.sandbox_options)
+            self._every.add(sb)
+            await sb.open()
+            warm = await sb.exec(["true"])  # the login-shell snapshot taken now, not at first use
+            if not warm.ok:
+                raise PoolOpenError(f"its first command ended {warm.status}: {warm.error or ''}")
+        except anyio.get_cancelled_exc_class():
+            self._opening -= 1
+            await self._discard(sb, workspace)
+            raise
+        except Exception as exc:  # a failed open: retried after a pause, its error kept
+            self._counts["failed_opens"] += 1
+            self._failed_in_a_row += 1
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            pause = min(MAX_RETRY_S, 0.1 * 2 ** min(self._failed_in_a_row, 8))
+            try:  # the slot stays taken meanwhile: no other open starts in its place
+                await anyio.sleep(pause)
+            finally:
+                self._opening -= 1
+                await self._discard(sb, workspace, failed=True)
+            return
+        self._opening -= 1
+        self._failed_in_a_row = 0
+        self._counts["opened"] += 1
+        try:
+            self._send.send_nowait(sb)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            await self._discard(sb, sb.workspace.root)  # (the pool is closing)
+
+    def _new_workspace(self) -> Path:
+        assert self._root is not None
+        path = Path(tempfile.mkdtemp(prefix="ws-", dir=self._root))
+        template = self.template
+        if isinstance(template, (str, Path)):
+            shutil.copytree(template, path, symlinks=True, dirs_exist_ok=True)
+        elif template is not None:
+            template(path)
+        return path
+
+    async def _discard(
+        self, sb: Sandbox | None, workspace: Path | None, *, failed: bool = False
+    ) -> None:
+        """Close ``sb`` (every process of it killed, its container removed), remove its
+        ``workspace`` and free its slot: the filler then opens another. Once per slot."""
+        with anyio.CancelScope(shield=True):
+            if sb is not None and sb not in self._every:
+                return
+            try:
+                if sb is not None:
+                    await sb.aclose()
+            except Exception as exc:  # never the pool's end: what it left is logged
+                log.warning("sandboxrun: a pooled sandbox did not close: %s", exc)
+            finally:
+                if sb is not None:
+                    self._every.discard(sb)
+                    self._counts["discarded"] += 0 if failed else 1
+                if workspace is not None:
+                    await anyio.to_thread.run_sync(
+                        lambda: shutil.rmtree(workspace, ignore_errors=True)
+                    )
+                self._slots -= 1
+                self._want.set()
+
+    async def _release(self, sb: Sandbox) -> None:
+        await self._discard(sb, sb.workspace.root)
+
+
+class PoolOpenError(SandboxrunError):
+    """A pooled sandbox opened but could not run its first command (retried)."""

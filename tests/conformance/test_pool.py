@@ -1,0 +1,143 @@
+"""``SandboxPool`` on every backend: warm sandboxes handed out once, each on a private copy of
+the template; a released one is closed with everything it ran (a process that left its
+session too) and replaced; a bounded wait names what the pool holds; a failing open is
+reported to the waiting acquirer; closing the pool leaves no sandbox, process or workspace."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from helpers import processes_mentioning, wait_until
+
+from sandboxrun import Policy, PoolExhaustedError, SandboxPool
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Path:
+    root = tmp_path / "template"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "task.txt").write_text("task\n")
+    return root
+
+
+async def test_warm_private_and_handed_out_once(
+    backend: str, template: Path, tmp_path: Path
+) -> None:
+    marker = f"9{uuid.uuid4().int % 10**6:06d}.5"  # a sleep of its own: `sleep 9123456.5`
+    root = tmp_path / "pool"
+    async with SandboxPool(2, workspace=template, root=root, backend=backend) as pool:
+        assert await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: pool.stats().ready == 2, 60)
+        ), pool.stats()
+        assert pool.stats().opened == 2
+        seen: list[str] = []
+        async with pool.acquire() as sb:
+            assert sb.backend.name == backend  # already open: nothing to wait for
+            assert pool.stats().opened == 2 and pool.stats().in_use == 1
+            first = await sb.exec(shell="cat src/task.txt; echo changed > src/task.txt; touch mine")
+            assert first.ok and first.stdout == "task\n", first
+            seen.append(str(sb.workspace.root))
+            # a job that outlives the block, and a process of it that left its session
+            await sb.start(["sh", "-c", f"setsid sleep {marker} & wait"])
+            assert await anyio.to_thread.run_sync(
+                lambda: wait_until(lambda: bool(processes_mentioning(marker)), 10)
+            )
+        # released: closed with what it ran, its workspace gone, a fresh one opening
+        assert await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: not processes_mentioning(marker), 30)
+        ), "a process of a released sandbox lives"
+        assert await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: not Path(seen[0]).exists(), 30)
+        ), "a released sandbox's workspace is still there"
+        async with pool.acquire() as sb, pool.acquire() as other:
+            assert sb is not other
+            for each in (sb, other):
+                again = await each.exec(shell="cat src/task.txt; ls mine 2>&1 || true")
+                assert again.stdout.startswith("task\n") and "No such file" in again.stdout
+                seen.append(str(each.workspace.root))
+        assert len(set(seen)) == 3
+        assert (template / "src" / "task.txt").read_text() == "task\n"  # the template untouched
+        stats = pool.stats()
+        assert stats.acquired == 3 and stats.failed_opens == 0 and stats.discarded >= 1
+    assert not root.exists() or not any(root.iterdir()), "workspaces outlived the pool"
+    assert not processes_mentioning(marker)
+
+
+async def test_a_bounded_wait_names_what_the_pool_holds(backend: str, tmp_path: Path) -> None:
+    async with SandboxPool(1, backend=backend, root=tmp_path / "pool") as pool:
+        async with pool.acquire(timeout_s=60) as sb:
+            with pytest.raises(PoolExhaustedError, match=r"within 0.5s \(size 1: 1 in use"):
+                async with pool.acquire(timeout_s=0.5):
+                    pass
+            assert (await sb.exec(["true"])).ok
+        assert pool.stats().waiting == 0
+        # a cancelled wait loses nothing: the next acquirer gets the sandbox
+        with anyio.move_on_after(0.01):
+            async with pool.acquire():
+                await anyio.sleep(0)
+        async with pool.acquire(timeout_s=60) as sb:
+            assert (await sb.exec(["true"])).ok
+
+
+async def test_closing_the_pool_ends_held_and_ready_sandboxes(backend: str, tmp_path: Path) -> None:
+    marker = f"9{uuid.uuid4().int % 10**6:06d}.5"
+    pool = await SandboxPool(2, backend=backend, root=tmp_path / "pool").open()
+    try:
+        async with pool.acquire(timeout_s=60) as sb:
+            job = await sb.start(["sleep", marker])
+            assert await anyio.to_thread.run_sync(
+                lambda: wait_until(lambda: bool(processes_mentioning(marker)), 10)
+            )
+            await pool.aclose()  # while it is held
+            assert (await job.wait()).status == "cancelled"
+    finally:
+        await pool.aclose()
+    assert not processes_mentioning(marker)
+    assert pool.stats().in_use == 0 and pool.stats().ready == 0
+
+
+async def test_a_failing_open_is_reported_to_the_acquirer(backend: str, tmp_path: Path) -> None:
+    """Every open fails (docker: no such image; a local backend: a writable root, which it
+    refuses): the acquirer waits its bound and is told why; nothing is left."""
+    failing: dict[str, Any] = (
+        {"image": "sandboxrun/no-such-image:never"}
+        if backend == "docker"
+        else {"policy": Policy(root="writable")}
+    )
+    async with SandboxPool(1, backend=backend, root=tmp_path / "pool", **failing) as pool:
+        with pytest.raises(PoolExhaustedError, match=r"the last open failed: \w+Error"):
+            async with pool.acquire(timeout_s=3):
+                pass
+        stats = pool.stats()
+        assert stats.failed_opens >= 1 and stats.opened == 0 and stats.in_use == 0
+
+
+async def test_many_acquirers_each_get_a_sandbox_of_their_own_within_the_size(
+    backend: str, tmp_path: Path
+) -> None:
+    """Twelve acquirers at once on a pool of two: every one is served, each by a sandbox no
+    one had before, and the pool never holds more than two at a time."""
+    seen: list[str] = []
+    most = 0
+    async with SandboxPool(2, backend=backend, root=tmp_path / "pool") as pool:
+
+        async def one() -> None:
+            nonlocal most
+            async with pool.acquire(timeout_s=120) as sb:
+                s = pool.stats()
+                most = max(most, s.ready + s.in_use + s.opening + s.closing)
+                result = await sb.exec(shell="test ! -e used && touch used && pwd")
+                assert result.ok, result
+                seen.append(str(sb.workspace.root))
+
+        async with anyio.create_task_group() as group:
+            for _ in range(12):
+                group.start_soon(one)
+        assert pool.stats().acquired == 12
+    assert len(set(seen)) == 12 and most <= 2
