@@ -144,7 +144,8 @@ class Limits(BaseModel):
     cpus: float | None = None  # at least MIN_CPUS (validated below)
     pids: int | None = Field(default=None, gt=0)
     disk_bytes: int | None = Field(default=None, ge=1 << 20)
-    """The most a writable root (``Policy.root``) may hold, at least 1 MiB: past it every
+    """The most a writable root (``Policy.root``) may hold, at least 1 MiB. Docker: where its
+    storage driver takes a size, a write past it fails (ENOSPC); elsewhere past it every
     command running in the sandbox is killed (``disk_exceeded``) and its root discarded (the
     next command gets a fresh one). The guarantee ``disk-limit``. None: no bound."""
     idle_timeout_s: float | None = None

@@ -200,8 +200,11 @@ def owner_start(
             extra_groups=[],
             env={},
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired as exc:  # a busy host: tried again next time
         return f"uid {uid} cannot start it: {exc}"
+    except OSError as exc:  # (this Python not executable by that uid, without bubblewrap)
+        FAILS[key] = (time.monotonic(), f"uid {uid} cannot start it: {exc}")
+        return FAILS[key][1]
     if done.returncode == 0:
         STARTS[key] = None
         return None

@@ -305,8 +305,8 @@ def test_switch_user_by_name_and_by_uid() -> None:
     words, env = switch_user("1000", entries, None)  # a uid with a name: its groups, its home
     assert words[1:4] == ["--reuid=1000", "--regid=1000", "--init-groups"]
     assert env == {"HOME": "/home/sandbox", "USER": "sandbox", "LOGNAME": "sandbox"}
-    words, env = switch_user("4242", entries, None)  # no such entry: no groups, home /
-    assert words[1:4] == ["--reuid=4242", "--regid=4242", "--clear-groups"]
+    words, env = switch_user("4242", entries, None)  # no entry: gid 0, no groups, home /
+    assert words[1:4] == ["--reuid=4242", "--regid=0", "--clear-groups"]
     assert env == {"HOME": "/"}
     with pytest.raises(ValueError, match="no user 'eve'"):
         switch_user("eve", entries, None)

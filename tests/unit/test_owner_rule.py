@@ -171,8 +171,16 @@ def test_a_failed_trial_is_believed_for_a_while(monkeypatch: pytest.MonkeyPatch)
         calls.append(argv)
         raise subprocess.TimeoutExpired(argv, 10)
 
+    def refused(argv: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        calls.append(argv)
+        raise PermissionError(13, "Permission denied", argv[0])
+
     monkeypatch.setattr(owner, "FAIL_TTL_S", 60.0)
+    monkeypatch.setattr(subprocess, "run", refused)  # exec refused: believed too
+    assert "Permission denied" in (owner.owner_start(4545, 4545, None, ()) or "")
+    assert "Permission denied" in (owner.owner_start(4545, 4545, None, ()) or "")
+    assert len(calls) == 4
     monkeypatch.setattr(subprocess, "run", timing_out)
     assert "cannot start it" in (owner.owner_start(4444, 4444, None, ()) or "")
     assert "cannot start it" in (owner.owner_start(4444, 4444, None, ()) or "")
-    assert len(calls) == 5
+    assert len(calls) == 6

@@ -7,8 +7,8 @@ test_writable_root.py."""
 from __future__ import annotations
 
 import os
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -160,32 +160,96 @@ def test_layer_bytes_counts_what_du_counts(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
     held = disk.layer_bytes(str(tmp_path))
     assert 3 * MiB <= held < 3 * MiB + 256 * 1024, held
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError):
         disk.layer_bytes(str(tmp_path / "missing"))
 
 
+def test_every_entry_counts_at_least_a_block(tmp_path: Path) -> None:
+    for i in range(100):  # empty files cost the host inodes: a flood of them is counted
+        (tmp_path / str(i)).touch()
+    assert disk.layer_bytes(str(tmp_path)) >= 100 * disk.ENTRY_BYTES
+
+
+def test_a_tree_too_deep_for_a_path_is_still_counted(tmp_path: Path) -> None:
+    """Walked by directory fds: a path of 8 KiB (past PATH_MAX) hides nothing."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(40):
+            os.mkdir("d" * 200, dir_fd=fd)
+            inner = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with os.fdopen(os.open("big", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "wb") as f:
+            f.write(b"x" * (2 * MiB))
+    finally:
+        os.close(fd)
+    assert disk.layer_bytes(str(tmp_path)) >= 2 * MiB
+    import subprocess
+
+    subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 200))], check=True)
+
+
+def test_deleted_but_open_files_are_counted(tmp_path: Path) -> None:
+    path = tmp_path / "gone"
+    with open(path, "wb") as f:
+        f.write(b"x" * (2 * MiB))
+        f.flush()
+        os.fsync(f.fileno())
+        path.unlink()
+        assert disk.layer_bytes(str(tmp_path)) < MiB  # no name leads to it
+        device = tmp_path.stat().st_dev
+        assert disk.deleted_open_bytes([os.getpid()], frozenset({device})) >= 2 * MiB
+        other = frozenset({device + 1})  # another file system
+        assert disk.deleted_open_bytes([os.getpid()], other) == 0
+    assert disk.deleted_open_bytes([os.getpid()], frozenset({device})) == 0
+
+
+def test_engine_files_and_their_size(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_bytes(b"x" * MiB)
+    inspected = {"HostsPath": str(hosts), "ResolvConfPath": "", "HostnamePath": None}
+    assert disk.engine_files(inspected) == [str(hosts)]
+    assert disk.files_bytes([str(hosts), str(tmp_path / "none")]) >= MiB
+
+
+def watch_of(tmp_path: Path, limit: int, calls: list[tuple[int, str | None]]) -> disk.LayerWatch:
+    return disk.LayerWatch(
+        lambda: disk.layer_bytes(str(tmp_path)), limit, lambda h, w: calls.append((h, w))
+    )
+
+
 def test_the_watch_fires_once_past_the_bound_and_ends(tmp_path: Path) -> None:
-    calls: list[int] = []
-    fired = threading.Event()
-
-    def exceeded(held: int) -> None:
-        calls.append(held)
-        fired.set()
-
-    watch = disk.LayerWatch(str(tmp_path), 2 * MiB, exceeded)
+    calls: list[tuple[int, str | None]] = []
+    watch = watch_of(tmp_path, 2 * MiB, calls)
     (tmp_path / "small").write_bytes(b"x" * MiB)
     time.sleep(0.3)
     assert not calls
     (tmp_path / "big").write_bytes(b"x" * (2 * MiB))
-    assert fired.wait(5)
+    assert wait_for(lambda: bool(calls), 5)
     time.sleep(0.2)
     watch.stop()
-    assert len(calls) == 1 and calls[0] > 2 * MiB
+    assert len(calls) == 1 and calls[0][0] > 2 * MiB and calls[0][1] is None
+
+
+def test_what_cannot_be_measured_counts_as_past_the_bound() -> None:
+    calls: list[tuple[int, str | None]] = []
+    state = {"n": 0}
+
+    def measure() -> int:
+        state["n"] += 1
+        if state["n"] > 1:
+            raise disk.Unmeasurable(13, "x: Permission denied")
+        return 0
+
+    watch = disk.LayerWatch(measure, MiB, lambda h, w: calls.append((h, w)))
+    assert wait_for(lambda: bool(calls), 5)
+    watch.stop()
+    assert calls == [(MiB + 1, "[Errno 13] x: Permission denied")]
 
 
 def test_a_stopped_watch_never_fires(tmp_path: Path) -> None:
-    calls: list[int] = []
-    watch = disk.LayerWatch(str(tmp_path), MiB, calls.append)
+    calls: list[tuple[int, str | None]] = []
+    watch = watch_of(tmp_path, MiB, calls)
     watch.stop()
     (tmp_path / "big").write_bytes(b"x" * (2 * MiB))
     time.sleep(0.2)
@@ -195,13 +259,22 @@ def test_a_stopped_watch_never_fires(tmp_path: Path) -> None:
 def test_a_watch_of_a_layer_that_went_ends_quietly(tmp_path: Path) -> None:
     layer = tmp_path / "diff"
     layer.mkdir()
-    calls: list[int] = []
-    watch = disk.LayerWatch(str(layer), MiB, calls.append)
+    calls: list[tuple[int, str | None]] = []
+    watch = watch_of(layer, MiB, calls)
     layer.rmdir()
-    time.sleep(0.2)
-    assert not watch._thread.is_alive() and not calls
+    assert wait_for(lambda: not watch._thread.is_alive(), 5)
+    assert not calls and watch.gone
     with pytest.raises(OSError):
-        disk.LayerWatch(str(layer), MiB, calls.append)  # unreadable at the start: refused
+        watch_of(layer, MiB, calls)  # unreadable at the start: refused
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
 
 
 ERROR = (

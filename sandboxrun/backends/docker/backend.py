@@ -102,6 +102,11 @@ def main_processes(init_pid: int, wait_s: float = 10.0) -> frozenset[int]:
     return frozenset()  # the init is gone: the container is dying (seen by the first exec)
 
 
+def owns_pid(pid: int, cid: str) -> bool:
+    """Whether ``pid`` is a process of the container ``cid`` (its cgroup names it)."""
+    return any(cid in path for _, path in proctree.cgroup_lines(pid))
+
+
 def engine_visible(pid: int, cid: str) -> bool:
     """Whether the container's PID 1 (the engine's ``pid``) is a process of this host: its
     cgroup names the container (readable by anyone, also when PID 1 is the non-dumpable
@@ -209,6 +214,10 @@ class DockerBackend:
         """How ``--disk`` is enforced: ``quota`` (the engine's storage driver; tried first),
         ``watch`` (``disk.LayerWatch``: the driver takes no size), None (no bound)."""
         self._layer_watch: disk.LayerWatch | None = None
+        self._watch_pidfd: int | None = None
+        self._disk_note: str | None = None
+        """Said in the next command's ``warnings``: the watch discarded the root while no
+        command ran."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -294,22 +303,51 @@ class DockerBackend:
             self.oom_file = proctree.oom_file(pid)
 
     def _bound_disk(self, cid: str) -> None:
-        """Where the engine gave no size (``disk_mode`` ``watch``), watch the container's
-        writable layer from here; refused (``disk-limit`` missing) where it cannot be read:
-        a remote engine, a driver without one, a layer this uid may not read."""
-        if self.disk_mode != "watch" or self.limits.disk_bytes is None:
+        """Watch what the container ``cid`` holds from here (``disk.LayerWatch``): its layer
+        where the engine gave no size (``disk_mode`` ``watch``), and in every mode the engine's
+        own files it may write (``/etc/hosts``...), which no quota covers. Refused
+        (``disk-limit`` missing) where the layer cannot be read: a remote engine, a driver
+        without one, a layer this uid may not read."""
+        limit = self.limits.disk_bytes
+        if self.disk_mode is None or limit is None:
             return
-        upper = disk.upper_dir(dockerapi.inspect_container(self.session.api(), cid))
+        inspected = dockerapi.inspect_container(self.session.api(), cid)
+        upper = disk.upper_dir(inspected) if self.disk_mode == "watch" else None
+        init, procs = self.session.init_pid, self.session.cgroup_procs
+        local = self.session.local and init is not None and owns_pid(init, cid)
         why = None
-        if not self.session.local or upper is None:
+        if self.disk_mode == "watch" and (not local or upper is None):
             why = "the engine's storage driver takes no size and its layers are not on this host"
-        else:
+        elif local and init is not None:
+            extras = disk.engine_files(inspected)
             try:
-                self._layer_watch = disk.LayerWatch(upper, self.limits.disk_bytes, self._overfull)
-            except OSError as exc:
-                why = (
-                    f"the engine's storage driver takes no size and its layer is unreadable ({exc})"
+                devices = (
+                    frozenset({Path(upper).stat().st_dev, Path(f"/proc/{init}/root").stat().st_dev})
+                    if upper is not None
+                    else frozenset()
                 )
+                pidfd = os.pidfd_open(init)
+            except OSError as exc:
+                why = f"the engine's storage driver takes no size; its layer: {exc}"
+            else:
+
+                def measure() -> int:
+                    total = disk.files_bytes(extras)
+                    if upper is not None:
+                        total += disk.layer_bytes(upper)
+                        if procs is not None:
+                            total += disk.deleted_open_bytes(proctree.read_pids(procs), devices)
+                    return total
+
+                def exceeded(held: int, unread: str | None) -> None:
+                    self._overfull(cid, pidfd, held, unread)
+
+                try:
+                    self._layer_watch = disk.LayerWatch(measure, limit, exceeded)
+                    self._watch_pidfd = pidfd
+                except OSError as exc:
+                    os.close(pidfd)
+                    why = f"the engine's storage driver takes no size; its layer: {exc}"
         if why is None:
             return
         if self.policy.allow_degraded and not self.policy.strict:
@@ -318,30 +356,47 @@ class DockerBackend:
             return
         raise PolicyRefusedError("docker", ["disk-limit"], why, strict=self.policy.strict)
 
-    def _overfull(self, held: int) -> None:
-        """The watch's end: the writable root holds ``held`` bytes, past ``--disk``. Every
-        process of the container dies with its PID 1 (SIGKILL from this host's side reaches
-        it); the runs end ``disk_exceeded``, the next command gets a fresh container."""
-        limit = self.limits.disk_bytes or 0
-        self.session.disk_exceeded = (
-            f"the sandbox's writable root held {held / (1 << 20):.1f} MiB, past --disk "
-            f"{format_size(limit)}: every process in it was killed and its files outside "
-            "the workspace are gone (the next command gets a fresh root)"
+    def _overfull(self, cid: str, pidfd: int, held: int, unread: str | None = None) -> str | None:
+        """The container ``cid`` holds ``held`` bytes, past ``--disk`` (or ``unread``: a part
+        of its layer cannot be measured). Every process of it dies with its PID 1 (SIGKILL
+        through a pidfd taken at open: never another process); the runs end
+        ``disk_exceeded``, the next command gets a fresh container and, when none was running,
+        is told. Returns why, or None for a watch of a container replaced since (stale)."""
+        if self.session.container_id != cid:
+            return None
+        limit = format_size(self.limits.disk_bytes or 0)
+        what = (
+            f"a part of the sandbox's writable root cannot be measured ({unread}), so it counts "
+            f"as past --disk {limit}"
+            if unread
+            else f"the sandbox's writable root held {held / (1 << 20):.1f} MiB, past --disk {limit}"
         )
+        why = (
+            f"{what}: every process in it was killed and its files outside the workspace are "
+            "gone (the next command gets a fresh root)"
+        )
+        self.session.disk_exceeded = why
         self.session.recycle_needed = True
-        init, cid = self.session.init_pid, self.session.container_id
-        if init and cid and engine_visible(init, cid):
-            try:
-                os.kill(init, signal.SIGKILL)
-                return
-            except OSError:
-                pass
-        client = self.session.client
-        if client is not None and cid is not None:  # (its own request: a thread of its own)
-            try:
-                client.api.kill(cid)
-            except Exception as exc:  # the recycle removes it
-                log.warning("sandboxrun: could not kill the over-full sandbox container: %s", exc)
+        if not self.session.active:
+            self._disk_note = f"before this command, {why}"
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # (already dead)
+        except OSError as exc:
+            log.warning("sandboxrun: could not kill the over-full sandbox container: %s", exc)
+        return why
+
+    def _disk_look(self) -> str | None:
+        """One look at the bound now (a run's end: one that passed it between two looks of
+        the watch is not reported ``completed``); why it is past, else None."""
+        watch, pidfd, cid = self._layer_watch, self._watch_pidfd, self.session.container_id
+        if watch is None or pidfd is None or cid is None:
+            return None
+        over = watch.look()
+        if over is None:
+            return None
+        return self._overfull(cid, pidfd, *over)
 
     def _discard(self, cid: str) -> None:
         """Remove a container set up in vain (it is started again another way)."""
@@ -449,6 +504,9 @@ class DockerBackend:
         watch, self._layer_watch = self._layer_watch, None
         if watch is not None:
             watch.stop()
+        pidfd, self._watch_pidfd = self._watch_pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
         # Taken at once: an abandoned close thread must never clear a later (reopened) client.
         client, self.session.client = self.session.client, None
         cid, self.session.container_id = self.session.container_id, None
@@ -506,7 +564,9 @@ class DockerBackend:
         via = "supervisor" if self.supervisor is not None else "engine"
         if request.tty is not None and via == "engine" and self.session.run_cgroup_base is None:
             raise ConfigError(NO_ENGINE_TERMINAL)  # (known before anything starts)
-        return Launch(request, command, env, cwd, isolation, via, shown)
+        note, self._disk_note = self._disk_note, None
+        warnings = (note,) if note else ()
+        return Launch(request, command, env, cwd, isolation, via, shown, warnings=warnings)
 
     def _env(self, request: ExecRequest, cwd: str) -> dict[str, str]:
         """Under a login-shell snapshot the whole environment (``argv.exec_env``: PATH
@@ -584,6 +644,14 @@ class DockerBackend:
         return await anyio.to_thread.run_sync(self._leftovers, run_id)
 
     async def finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
+        verdict = await self._finalize(handle, sup)
+        if self._layer_watch is not None and verdict.status != "disk_exceeded":
+            why = await anyio.to_thread.run_sync(self._disk_look)
+            if why is not None:  # past the bound between two looks of the watch
+                return dataclasses.replace(verdict, status="disk_exceeded", error=why)
+        return verdict
+
+    async def _finalize(self, handle: RunHandle, sup: Supervision) -> Verdict:
         if isinstance(handle, DockerRun):
             handle.release_terminal()  # here, not in the thread below: the loop uses it
             try:

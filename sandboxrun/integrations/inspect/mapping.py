@@ -211,15 +211,16 @@ def switch_user(
 ) -> tuple[list[str], dict[str, str]]:
     """How a uid-0 sandbox that may change uid (a writable root on docker: ``SETUID`` and
     ``SETGID``) runs a command as ``user`` (a name in ``entries``, or a decimal uid): the
-    ``setpriv`` words before it (util-linux: real and effective ids, the user's groups, or none
-    for a bare uid) and its environment with ``HOME``, ``USER``, ``LOGNAME`` as ``docker exec
-    --user`` sets them (where the caller did not)."""
+    ``setpriv`` words before it (util-linux: real and effective ids, the user's groups; a uid
+    without an entry gets gid 0 and no groups, as ``docker exec --user`` gives it) and its
+    environment with ``HOME``, ``USER``, ``LOGNAME`` as ``docker exec --user`` sets them
+    (where the caller did not). An image without ``setpriv`` (busybox) answers 127."""
     name: str | None = user
     if user.isdecimal():
         name = next((n for n, entry in entries.items() if entry[0] == int(user)), None)
     elif user not in entries:
         raise ValueError(f"no user {user!r} in the sandbox's /etc/passwd")
-    uid, gid, home = entries[name] if name is not None else (int(user), int(user), "/")
+    uid, gid, home = entries[name] if name is not None else (int(user), 0, "/")
     groups = "--init-groups" if name is not None else "--clear-groups"
     words = ["setpriv", f"--reuid={uid}", f"--regid={gid}", groups, "--"]
     given = dict(env or {})

@@ -346,6 +346,8 @@ class SandboxrunSandboxEnvironment(SandboxEnvironment):
                         f"config's `user`); it cannot run one as {user!r} (a sandbox of uid 0 "
                         "with `root: writable` can)"
                     )
+                if user.isdecimal():  # its name, groups and home: adduser may have made them
+                    await self._passwd(user, True)
                 words, env = switch_user(user, self._entries, env)
                 cmd = [*words, *cmd]
         if is_start_server(cmd):
