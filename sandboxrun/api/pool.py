@@ -11,22 +11,26 @@ process, a file in ``/tmp``, a change to the workspace, a tainted root) can reac
 holder. Opens run ``open_concurrency`` at a time; a failed one is retried with a growing pause
 (at most ``MAX_RETRY_S``), and waiting acquirers see its error.
 
-The pool is one anyio task group: ``async with SandboxPool(...) as pool`` (or ``await
-pool.open()`` / ``await pool.aclose()``). Closing it closes every sandbox, ready or held (a
-holder's later calls then fail as on a closed ``Sandbox``), and leaves nothing behind.
+The pool's background work is one anyio task group: ``async with SandboxPool(...) as pool``
+(or ``await pool.open()`` / ``await pool.aclose()`` in the same task, no scope entered in
+between left open). Closing it closes every sandbox, ready or held (a holder's later calls
+then fail as on a closed ``Sandbox``), and removes their workspaces; what could not be
+removed is in ``close_errors``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -81,7 +85,8 @@ class SandboxPool:
     each sandbox's private workspace (``Template``); ``root``: where those workspaces are
     made (a private directory under the system's temporary one by default).
     ``sandbox_options``: what each ``Sandbox`` is made with (``backend``, ``image``,
-    ``policy``, ``limits``, ``env``, ...), as ``Sandbox(...)`` takes them."""
+    ``policy``, ``limits``, ``env``, ...), as ``Sandbox(...)`` takes them (checked at
+    ``open``: a bad one is refused there, not retried)."""
 
     def __init__(
         self,
@@ -93,16 +98,19 @@ class SandboxPool:
         root: Path | str | None = None,
         **sandbox_options: Any,
     ) -> None:
-        if not isinstance(size, int) or size < 1:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigError(
                 f"SandboxPool size must be a whole number of at least 1, got {size!r}"
             )
-        if not (math.isfinite(acquire_timeout_s) and acquire_timeout_s > 0):
+        check_wait(acquire_timeout_s, "acquire_timeout_s", zero=False)
+        if (
+            isinstance(open_concurrency, bool)
+            or not isinstance(open_concurrency, int)
+            or open_concurrency < 1
+        ):
             raise ConfigError(
-                f"acquire_timeout_s must be a positive number of seconds, got {acquire_timeout_s!r}"
+                f"open_concurrency must be a whole number of at least 1, got {open_concurrency!r}"
             )
-        if open_concurrency < 1:
-            raise ConfigError(f"open_concurrency must be at least 1, got {open_concurrency!r}")
         for taken in ("workspace", "detach", "name"):
             if taken in sandbox_options:
                 raise ConfigError(f"SandboxPool takes no {taken!r} for its sandboxes")
@@ -115,13 +123,19 @@ class SandboxPool:
         self.acquire_timeout_s = acquire_timeout_s
         self.open_concurrency = open_concurrency
         self.sandbox_options = sandbox_options
+        self.close_errors: list[str] = []
+        """What closing a sandbox or removing a workspace could not do, one sentence each."""
         self._root_given = None if root is None else Path(root)
         self._root: Path | None = None
         self._group: anyio.abc.TaskGroup | None = None
+        self._owner: int | None = None
+        """The task that opened the pool (only it may close it: its task group is there)."""
         self._send, self._ready = anyio.create_memory_object_stream[Sandbox](size)
         self._held: set[Sandbox] = set()
         self._every: set[Sandbox] = set()
-        """Every sandbox of the pool not yet closed (ready, held, opening)."""
+        """Every sandbox of the pool whose close has not begun (opening, ready, held)."""
+        self._closes: dict[Sandbox, anyio.Event] = {}
+        """The closes under way, each set once done."""
         self._opening = 0
         self._slots = 0
         """Sandboxes alive or on their way (opening, ready, held, closing): at most ``size``."""
@@ -148,25 +162,34 @@ class SandboxPool:
         await self.aclose()
 
     async def open(self) -> Self:
-        """Start filling the pool (it returns at once: ``acquire`` waits for the first)."""
+        """Start filling the pool (it returns at once: ``acquire`` waits for the first). The
+        options of the sandboxes are checked first: a bad one raises here."""
         if self._group is not None or self._closing:
             raise RuntimeError("a SandboxPool is opened once")
+        with tempfile.TemporaryDirectory(prefix="sandboxrun-pool-check-") as probe:
+            Sandbox(probe, **self.sandbox_options)  # (made, never opened: nothing to close)
         self._root = self._root_given or Path(tempfile.mkdtemp(prefix="sandboxrun-pool-"))
         self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
         group = anyio.create_task_group()
         await group.__aenter__()
         self._group = group
+        self._owner = anyio.get_current_task().id
         group.start_soon(self._fill)
         return self
 
     async def aclose(self) -> None:
-        """Close every sandbox of the pool, ready or held, and remove their workspaces
-        (idempotent; it always finishes). In the task that opened it (an anyio task group
-        holds the pool's background work: ``async with`` is the way)."""
+        """Close every sandbox of the pool, ready or held, at once, and remove their
+        workspaces (idempotent; it finishes even when cancelled). In the task that opened
+        the pool (``RuntimeError`` elsewhere, before anything is touched)."""
         if self._closing:
             with anyio.CancelScope(shield=True):
                 await self._closed.wait()
             return
+        if self._owner is not None and anyio.get_current_task().id != self._owner:
+            raise RuntimeError(
+                "a SandboxPool is closed by the task that opened it (its task group is "
+                "there): use `async with SandboxPool(...)`"
+            )
         self._closing = True
         self._want.set()
         group, self._group = self._group, None
@@ -177,8 +200,11 @@ class SandboxPool:
         finally:
             with anyio.CancelScope(shield=True):
                 self._send.close()
-                for sb in list(self._every):
-                    await self._release(sb)
+                async with anyio.create_task_group() as closing:
+                    for sb in list(self._every):
+                        closing.start_soon(self._release, sb)
+                for done in list(self._closes.values()):
+                    await done.wait()
                 while True:  # the ready ones were closed above: forget them
                     try:
                         self._ready.receive_nowait()
@@ -187,15 +213,18 @@ class SandboxPool:
                 self._ready.close()
                 root = self._root
                 if root is not None and self._root_given is None:
-                    await anyio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))
+                    await anyio.to_thread.run_sync(self._remove, root)
                 self._closed.set()
 
     # -- handing out ---------------------------------------------------------------------------
     @asynccontextmanager
     async def acquire(self, timeout_s: float | None = None) -> AsyncIterator[Sandbox]:
         """A ready sandbox for the block; closed and replaced after it. ``timeout_s``: the
-        longest wait (default ``acquire_timeout_s``): ``PoolExhaustedError`` past it."""
-        sb = await self._take(self.acquire_timeout_s if timeout_s is None else timeout_s)
+        longest wait (default ``acquire_timeout_s``; 0: only one ready now):
+        ``PoolExhaustedError`` past it."""
+        wait = self.acquire_timeout_s if timeout_s is None else timeout_s
+        check_wait(wait, "timeout_s", zero=True)
+        sb = await self._take(wait)
         try:
             yield sb
         finally:
@@ -211,17 +240,25 @@ class SandboxPool:
         began = time.monotonic()
         self._waiting += 1
         try:
-            with anyio.move_on_after(timeout_s):
-                sb = await self._ready.receive()  # cancellation-safe: nothing is lost
-                self._held.add(sb)  # (no await between: a cancel cannot drop it)
-                self._counts["acquired"] += 1
-                self._waits.append(time.monotonic() - began)
-                return sb
+            try:
+                sb = self._ready.receive_nowait()
+            except anyio.WouldBlock:
+                with anyio.move_on_after(timeout_s):
+                    sb = await self._ready.receive()  # cancellation-safe: nothing is lost
+                    return self._handed(sb, began)
+            else:
+                return self._handed(sb, began)
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise RuntimeError("the SandboxPool was closed") from None
         finally:
             self._waiting -= 1
         raise PoolExhaustedError(self._exhausted(timeout_s))
+
+    def _handed(self, sb: Sandbox, began: float) -> Sandbox:
+        self._held.add(sb)  # (no await since the receive: a cancel cannot drop it)
+        self._counts["acquired"] += 1
+        self._waits.append(time.monotonic() - began)
+        return sb
 
     def _exhausted(self, timeout_s: float) -> str:
         s = self.stats()
@@ -239,7 +276,7 @@ class SandboxPool:
             ready=ready,
             in_use=len(self._held),
             opening=self._opening,
-            closing=max(0, self._slots - ready - len(self._held) - self._opening),
+            closing=len(self._closes),
             opened=self._counts["opened"],
             discarded=self._counts["discarded"],
             failed_opens=self._counts["failed_opens"],
@@ -252,8 +289,8 @@ class SandboxPool:
 
     # -- filling -------------------------------------------------------------------------------
     async def _fill(self) -> None:
-        """Keep ``size`` sandboxes in the pool (ready, held or opening), opening at most
-        ``open_concurrency`` at once."""
+        """Keep ``size`` sandboxes in the pool (ready, held, opening or closing), opening at
+        most ``open_concurrency`` at once."""
         assert self._group is not None
         while not self._closing:
             self._want = anyio.Event()
@@ -264,10 +301,13 @@ class SandboxPool:
             await self._want.wait()
 
     async def _open_one(self) -> None:
+        """One sandbox into the pool; a failure is kept (``last_error``) and its slot held
+        for a growing pause (no storm of opens), then freed for another try."""
+        assert self._root is not None
+        workspace = Path(tempfile.mkdtemp(prefix="ws-", dir=self._root))
         sb: Sandbox | None = None
-        workspace: Path | None = None
         try:
-            workspace = await anyio.to_thread.run_sync(self._new_workspace)
+            await anyio.to_thread.run_sync(self._fill_workspace, workspace)
             sb = Sandbox(workspace, **self.sandbox_options)
             self._every.add(sb)
             await sb.open()
@@ -276,63 +316,108 @@ class SandboxPool:
                 raise PoolOpenError(f"its first command ended {warm.status}: {warm.error or ''}")
         except anyio.get_cancelled_exc_class():
             self._opening -= 1
-            await self._discard(sb, workspace)
+            await self._discard(sb, workspace, failed=True)
             raise
         except Exception as exc:  # a failed open: retried after a pause, its error kept
             self._counts["failed_opens"] += 1
             self._failed_in_a_row += 1
             self._last_error = f"{type(exc).__name__}: {exc}"
             pause = min(MAX_RETRY_S, 0.1 * 2 ** min(self._failed_in_a_row, 8))
+            await self._discard(sb, workspace, failed=True, free=False)
             try:  # the slot stays taken meanwhile: no other open starts in its place
                 await anyio.sleep(pause)
             finally:
                 self._opening -= 1
-                await self._discard(sb, workspace, failed=True)
+                self._free()
             return
         self._opening -= 1
         self._failed_in_a_row = 0
         self._counts["opened"] += 1
+        self._want.set()  # room for the next open, if the pool is still short
         try:
             self._send.send_nowait(sb)
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            await self._discard(sb, sb.workspace.root)  # (the pool is closing)
+            await self._release(sb)  # (the pool is closing)
 
-    def _new_workspace(self) -> Path:
-        assert self._root is not None
-        path = Path(tempfile.mkdtemp(prefix="ws-", dir=self._root))
+    def _fill_workspace(self, path: Path) -> None:
         template = self.template
         if isinstance(template, (str, Path)):
             shutil.copytree(template, path, symlinks=True, dirs_exist_ok=True)
         elif template is not None:
             template(path)
-        return path
-
-    async def _discard(
-        self, sb: Sandbox | None, workspace: Path | None, *, failed: bool = False
-    ) -> None:
-        """Close ``sb`` (every process of it killed, its container removed), remove its
-        ``workspace`` and free its slot: the filler then opens another. Once per slot."""
-        with anyio.CancelScope(shield=True):
-            if sb is not None and sb not in self._every:
-                return
-            try:
-                if sb is not None:
-                    await sb.aclose()
-            except Exception as exc:  # never the pool's end: what it left is logged
-                log.warning("sandboxrun: a pooled sandbox did not close: %s", exc)
-            finally:
-                if sb is not None:
-                    self._every.discard(sb)
-                    self._counts["discarded"] += 0 if failed else 1
-                if workspace is not None:
-                    await anyio.to_thread.run_sync(
-                        lambda: shutil.rmtree(workspace, ignore_errors=True)
-                    )
-                self._slots -= 1
-                self._want.set()
 
     async def _release(self, sb: Sandbox) -> None:
         await self._discard(sb, sb.workspace.root)
+
+    async def _discard(
+        self,
+        sb: Sandbox | None,
+        workspace: Path | None,
+        *,
+        failed: bool = False,
+        free: bool = True,
+    ) -> None:
+        """Close ``sb`` (every process of it killed, its container removed), remove its
+        ``workspace`` and free its slot (``free``): the filler then opens another. Once per
+        sandbox: a second call waits for the first's end."""
+        with anyio.CancelScope(shield=True):
+            if sb is not None:
+                if sb in self._closes:
+                    await self._closes[sb].wait()
+                    return
+                if sb not in self._every:
+                    return
+                self._every.discard(sb)  # (before any await: nobody closes it twice)
+                done = self._closes[sb] = anyio.Event()
+            try:
+                if sb is not None:
+                    await sb.aclose()
+                    self.close_errors += sb.close_errors
+            except Exception as exc:  # never the pool's end: what it left is said
+                self.close_errors.append(f"a pooled sandbox did not close: {exc}")
+                log.warning("sandboxrun: a pooled sandbox did not close: %s", exc)
+            finally:
+                if workspace is not None:
+                    await anyio.to_thread.run_sync(self._remove, workspace)
+                if sb is not None:
+                    self._counts["discarded"] += 0 if failed else 1
+                    self._closes.pop(sb, None)
+                    done.set()
+                if free:
+                    self._free()
+
+    def _free(self) -> None:
+        self._slots -= 1
+        self._want.set()
+
+    def _remove(self, path: Path) -> None:
+        """Remove the tree at ``path``, making its directories writable where a command took
+        that away; what is left is said (``close_errors``, the log)."""
+
+        def retry(func: Callable[..., Any], name: str, _: Any) -> None:
+            with suppress(OSError):
+                os.chmod(os.path.dirname(name), 0o700)  # noqa: PTH101, PTH120
+                if os.path.isdir(name):  # noqa: PTH112
+                    os.chmod(name, 0o700)  # noqa: PTH101
+            with suppress(OSError):
+                func(name)
+
+        if sys.version_info >= (3, 12):  # (3.12 renamed the hook)
+            shutil.rmtree(path, onexc=retry)
+        else:
+            shutil.rmtree(path, onerror=retry)
+        if path.exists():
+            message = f"could not remove the pooled workspace {path}"
+            self.close_errors.append(message)
+            log.warning("sandboxrun: %s", message)
+
+
+def check_wait(value: float, name: str, *, zero: bool) -> None:
+    """A wait in seconds: finite, positive (or 0 where ``zero``)."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+    if not ok or (value == 0 and not zero):
+        least = "0 or more" if zero else "more than 0"
+        raise ConfigError(f"{name} must be a number of seconds, {least}, got {value!r}")
 
 
 class PoolOpenError(SandboxrunError):

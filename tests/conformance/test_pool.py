@@ -13,7 +13,7 @@ import anyio
 import pytest
 from helpers import processes_mentioning, wait_until
 
-from sandboxrun import Policy, PoolExhaustedError, SandboxPool
+from sandboxrun import ConfigError, Policy, PoolExhaustedError, SandboxPool
 
 pytestmark = pytest.mark.anyio
 
@@ -77,10 +77,6 @@ async def test_a_bounded_wait_names_what_the_pool_holds(backend: str, tmp_path: 
                     pass
             assert (await sb.exec(["true"])).ok
         assert pool.stats().waiting == 0
-        # a cancelled wait loses nothing: the next acquirer gets the sandbox
-        with anyio.move_on_after(0.01):
-            async with pool.acquire():
-                await anyio.sleep(0)
         async with pool.acquire(timeout_s=60) as sb:
             assert (await sb.exec(["true"])).ok
 
@@ -141,3 +137,101 @@ async def test_many_acquirers_each_get_a_sandbox_of_their_own_within_the_size(
                 group.start_soon(one)
         assert pool.stats().acquired == 12
     assert len(set(seen)) == 12 and most <= 2
+
+
+def alive(pool: SandboxPool) -> int:
+    s = pool.stats()
+    return s.ready + s.in_use + s.opening + s.closing
+
+
+async def test_a_pool_larger_than_its_open_concurrency_fills(backend: str, tmp_path: Path) -> None:
+    async with SandboxPool(3, backend=backend, open_concurrency=1, root=tmp_path / "p") as pool:
+        assert await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: pool.stats().ready == 3, 90)
+        ), pool.stats()
+        async with pool.acquire(timeout_s=0) as sb:  # 0: one that is ready now
+            assert (await sb.exec(["true"])).ok
+        with pytest.raises(ConfigError, match="timeout_s must be a number of seconds"):
+            async with pool.acquire(timeout_s=-1):
+                pass
+
+
+async def test_a_cancelled_waiter_loses_nothing_and_a_close_elsewhere_is_refused(
+    backend: str, tmp_path: Path
+) -> None:
+    async with SandboxPool(1, backend=backend, root=tmp_path / "pool") as pool:
+        async with pool.acquire(timeout_s=60) as sb:
+            async with anyio.create_task_group() as group:
+
+                async def waiter() -> None:
+                    async with pool.acquire(timeout_s=60):
+                        raise AssertionError("a waiter got the held sandbox")
+
+                group.start_soon(waiter)
+                assert await anyio.to_thread.run_sync(
+                    lambda: wait_until(lambda: pool.stats().waiting == 1, 10)
+                )
+                group.cancel_scope.cancel()  # while it waits
+            assert pool.stats().waiting == 0 and pool.stats().in_use == 1
+            refused: list[str] = []
+
+            async def close_elsewhere() -> None:
+                try:
+                    await pool.aclose()
+                except RuntimeError as exc:
+                    refused.append(str(exc))
+
+            async with anyio.create_task_group() as other:
+                other.start_soon(close_elsewhere)
+            assert refused and "closed by the task that opened it" in refused[0]
+            assert (await sb.exec(["true"])).ok  # the refused close touched nothing
+        assert await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: pool.stats().ready == 1, 60)
+        ), pool.stats()
+        assert alive(pool) == 1
+
+
+async def test_a_factory_fills_each_workspace_and_a_failing_one_leaves_nothing(
+    backend: str, tmp_path: Path
+) -> None:
+    made: list[Path] = []
+
+    def factory(path: Path) -> None:
+        made.append(path)
+        (path / "task.txt").write_text(f"{len(made)}\n")
+
+    root = tmp_path / "pool"
+    pool = SandboxPool(1, backend=backend, workspace=factory, root=root)
+    async with pool, pool.acquire(timeout_s=60) as sb:
+        assert (await sb.exec(["cat", "task.txt"])).stdout == "1\n"
+
+    def broken(path: Path) -> None:
+        (path / "half").write_text("x")
+        raise OSError(28, "No space left on device")
+
+    async with SandboxPool(1, backend=backend, workspace=broken, root=root) as pool:
+        with pytest.raises(PoolExhaustedError, match="No space left on device"):
+            async with pool.acquire(timeout_s=1):
+                pass
+        assert pool.stats().failed_opens >= 1
+    assert not list(root.iterdir()), "a failed open left its workspace"
+
+
+async def test_a_close_while_another_task_holds_one_counts_it_once(
+    backend: str, tmp_path: Path
+) -> None:
+    held = anyio.Event()
+    async with anyio.create_task_group() as group:
+        pool = await SandboxPool(2, backend=backend, root=tmp_path / "pool").open()
+
+        async def holder() -> None:
+            async with pool.acquire(timeout_s=60) as sb:
+                held.set()
+                await sb.exec(["sleep", "30"])  # cancelled by the close
+
+        group.start_soon(holder)
+        await held.wait()
+        await pool.aclose()
+    stats = pool.stats()
+    assert stats.discarded == stats.opened and alive(pool) == 0, stats
+    assert pool._slots == 0
