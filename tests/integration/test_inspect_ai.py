@@ -196,10 +196,25 @@ async def test_users(sample_env: SandboxrunSandboxEnvironment) -> None:
     assert own.stdout.strip() == str(sample_env.uid)
     if sample_env.uid == 0:
         assert (await sample_env.exec(["whoami"], user="root")).stdout == "root\n"
-    with pytest.raises(SandboxUserUnsupportedError, match="runs every command as uid"):
-        await sample_env.exec(["id"], user="nobody" if sample_env.uid != 65534 else "root")
+    # the module's sample: uid 0 in a writable root, which switches (setpriv)
+    other = await sample_env.exec(["sh", "-c", "id -un; echo $HOME"], user="nobody")
+    assert other.stdout == "nobody\n/nonexistent\n", other
     missing = await sample_env.exec(["id"], user="no-such-user")
     assert not missing.success and "no-such-user" in missing.stderr
+
+
+async def test_another_user_needs_a_writable_root() -> None:
+    """The default sample (a read-only root, no capability): one uid for every command."""
+    envs = await SandboxrunSandboxEnvironment.sample_init("users", None, {})
+    env = envs["default"]
+    assert isinstance(env, SandboxrunSandboxEnvironment)
+    try:
+        with pytest.raises(SandboxUserUnsupportedError, match="runs every command as uid"):
+            await env.exec(["id"], user="nobody" if env.uid != 65534 else "root")
+        added = await env.exec(["adduser", "--disabled-password", "--comment", "x", "dan"])
+        assert not added.success
+    finally:
+        await SandboxrunSandboxEnvironment.sample_cleanup("users", None, envs, False)
 
 
 async def test_cwd_outside_the_workspace(sample_env: SandboxrunSandboxEnvironment) -> None:
