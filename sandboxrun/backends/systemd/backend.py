@@ -240,8 +240,8 @@ class SystemdScopeBackend:
             return
         if plan.namespaces:
             holder = RunnerClient(plan, holder=True)
+            self._holder = holder  # before it starts: a cancelled start is closed by close()
             await holder.start()
-            self._holder = holder
             self._layers = holder.layers_in_force()
             inner = holder.inner_pid()
             if inner is not None:  # runs join through this pidfd: never a reused pid
