@@ -25,6 +25,8 @@ Status = Literal[
     "oom_killed",
     "disk_exceeded",
 ]
+KILLED_BY_LIMIT: tuple[Status, ...] = ("oom_killed", "disk_exceeded")
+"""The statuses of a command the sandbox killed for a limit it passed (memory, disk)."""
 BackendName = Literal["docker", "systemd-scope", "process-group", "fake"]
 """``fake``: ``sandboxrun.testing.FakeBackend``, which runs nothing (for tests)."""
 Access = Literal["read-only", "workspace-write", "danger-full-access"]

@@ -44,7 +44,9 @@ def exit_status(result: ExecResult) -> int:
         return EXIT_CANCELLED
     if result.status == "sandbox_error":
         return EXIT_SANDBOX
-    if result.status in ("oom_killed", "disk_exceeded"):
+    from sandboxrun.models import KILLED_BY_LIMIT  # (loaded with the result: no start-up cost)
+
+    if result.status in KILLED_BY_LIMIT:
         return 137
     if result.status == "spawn_error":
         return result.exit_code or 127
@@ -252,7 +254,9 @@ def summary(
     timeout given (the line names it, not the duration); ``memory_bytes``: the memory limit;
     ``denial_shown``: the denial was already printed (``--ask``)."""
     head = headline(result, timeout_s=timeout_s, memory_bytes=memory_bytes)
-    oom = result.status in ("oom_killed", "disk_exceeded")  # the headline says it
+    from sandboxrun.models import KILLED_BY_LIMIT
+
+    oom = result.status in KILLED_BY_LIMIT  # the headline says it
     denied = None if denial_shown or oom else denial_line(result, prefix="")
     parts = [p for p in (head, denied) if p]
     stats = live or {}

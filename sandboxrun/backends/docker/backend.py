@@ -111,9 +111,7 @@ def engine_visible(pid: int, cid: str) -> bool:
     """Whether the container's PID 1 (the engine's ``pid``) is a process of this host: its
     cgroup names the container (readable by anyone, also when PID 1 is the non-dumpable
     supervisor, whose ``environ`` only root may read), else its ``environ`` can be read."""
-    if any(cid in path for _, path in proctree.cgroup_lines(pid)):
-        return True
-    return os.access(f"/proc/{pid}/environ", os.R_OK)
+    return owns_pid(pid, cid) or os.access(f"/proc/{pid}/environ", os.R_OK)
 
 
 def engine_socket() -> str | None:
@@ -215,9 +213,6 @@ class DockerBackend:
         ``watch`` (``disk.LayerWatch``: the driver takes no size), None (no bound)."""
         self._layer_watch: disk.LayerWatch | None = None
         self._watch_pidfd: int | None = None
-        self._disk_note: str | None = None
-        """Said in the next command's ``warnings``: the watch discarded the root while no
-        command ran."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -360,8 +355,9 @@ class DockerBackend:
         """The container ``cid`` holds ``held`` bytes, past ``--disk`` (or ``unread``: a part
         of its layer cannot be measured). Every process of it dies with its PID 1 (SIGKILL
         through a pidfd taken at open: never another process); the runs end
-        ``disk_exceeded``, the next command gets a fresh container and, when none was running,
-        is told. Returns why, or None for a watch of a container replaced since (stale)."""
+        ``disk_exceeded`` and the next command gets a fresh container (only a running
+        command writes, so none passes the bound unseen). Returns why, or None for a watch of
+        a container replaced since (stale)."""
         if self.session.container_id != cid:
             return None
         limit = format_size(self.limits.disk_bytes or 0)
@@ -377,8 +373,6 @@ class DockerBackend:
         )
         self.session.disk_exceeded = why
         self.session.recycle_needed = True
-        if not self.session.active:
-            self._disk_note = f"before this command, {why}"
         try:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         except ProcessLookupError:
@@ -564,9 +558,7 @@ class DockerBackend:
         via = "supervisor" if self.supervisor is not None else "engine"
         if request.tty is not None and via == "engine" and self.session.run_cgroup_base is None:
             raise ConfigError(NO_ENGINE_TERMINAL)  # (known before anything starts)
-        note, self._disk_note = self._disk_note, None
-        warnings = (note,) if note else ()
-        return Launch(request, command, env, cwd, isolation, via, shown, warnings=warnings)
+        return Launch(request, command, env, cwd, isolation, via, shown)
 
     def _env(self, request: ExecRequest, cwd: str) -> dict[str, str]:
         """Under a login-shell snapshot the whole environment (``argv.exec_env``: PATH

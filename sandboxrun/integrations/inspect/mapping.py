@@ -35,7 +35,7 @@ from sandboxrun.errors import (
     SandboxrunError,
     WorkspaceError,
 )
-from sandboxrun.models import ExecResult
+from sandboxrun.models import KILLED_BY_LIMIT, ExecResult
 
 CWD_WRAPPER = ("/bin/sh", "-c", 'cd -- "$1" || exit 1; shift; exec "$@"', "sandboxrun-cwd")
 """Runs the command in a directory outside the workspace (sandboxrun's ``workdir`` is always
@@ -93,8 +93,7 @@ def returncode(result: ExecResult) -> int:
             return 128 + int(signal.Signals[result.signal])
         except KeyError:
             pass
-    killed = result.status in ("oom_killed", "disk_exceeded")
-    return 128 + int(signal.SIGKILL) if killed else 1
+    return 128 + int(signal.SIGKILL) if result.status in KILLED_BY_LIMIT else 1
 
 
 def _timeout_error(result: ExecResult, timeout: float | None) -> TimeoutError:
@@ -143,7 +142,7 @@ def to_inspect(
         raise OutputLimitExceededError(limit_str, truncated_output=result.stdout + result.stderr)
     code = returncode(result)
     stderr = result.stderr
-    if result.status in ("oom_killed", "disk_exceeded"):
+    if result.status in KILLED_BY_LIMIT:
         note = OOM_NOTE if result.status == "oom_killed" else f"[sandboxrun] {result.error}\n"
         stderr += ("\n" if stderr and not stderr.endswith("\n") else "") + note
     elif wrapped and code == 126 and _wrapper_refused(result, cmd[0]):
