@@ -78,6 +78,9 @@ class PoolStats:
     acquire_wait_max_s: float | None
     last_error: str | None
     """The last failed open's error, or None."""
+    backend: str | None = None
+    """The backend the pool's sandboxes opened on (the one ``auto`` chose), None before the
+    first opened."""
 
 
 class SandboxPool:
@@ -148,6 +151,7 @@ class SandboxPool:
         self._waits: deque[float] = deque(maxlen=WAITS_KEPT)
         self._last_error: str | None = None
         self._failed_in_a_row = 0
+        self._backend: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -285,6 +289,7 @@ class SandboxPool:
             acquire_wait_p50_s=statistics.median(waits) if waits else None,
             acquire_wait_max_s=max(waits) if waits else None,
             last_error=self._last_error,
+            backend=self._backend,
         )
 
     # -- filling -------------------------------------------------------------------------------
@@ -333,6 +338,7 @@ class SandboxPool:
         self._opening -= 1
         self._failed_in_a_row = 0
         self._counts["opened"] += 1
+        self._backend = sb.backend.name
         self._want.set()  # room for the next open, if the pool is still short
         try:
             self._send.send_nowait(sb)

@@ -19,6 +19,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -438,7 +439,8 @@ def test_inspect_eval_bash_session_and_text_editor(tmp_path: Path) -> None:
 
 
 def _containers_of_pid(pid: int | None, *, since: int) -> list[str]:
-    """sandboxrun containers created since ``since`` (by ``pid`` when given)."""
+    """sandboxrun containers of this host created since ``since`` (by ``pid`` when given;
+    the Ray tests' nodes, each a host of its own name, run beside these)."""
     client = docker.from_env()
     try:
         found = client.api.containers(all=True, filters={"label": "sandboxrun.managed=true"})
@@ -448,6 +450,7 @@ def _containers_of_pid(pid: int | None, *, since: int) -> list[str]:
         str(c["Id"])
         for c in found
         if int(c["Labels"].get("sandboxrun.created", "0")) >= since
+        and c["Labels"].get("sandboxrun.owner_host") == socket.gethostname()
         and (pid is None or c["Labels"].get("sandboxrun.owner_pid") == str(pid))
         and c["Labels"].get("sandboxrun.owner_pid") != str(os.getpid())
     ]

@@ -1,0 +1,1 @@
+"""Sandboxes across a Ray cluster (``sandboxrun.ray``; the extra ``sandboxrun[ray]``)."""

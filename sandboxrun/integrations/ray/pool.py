@@ -1,0 +1,770 @@
+"""``sandboxrun.ray.SandboxPool``: warm sandboxes across the nodes of a Ray cluster.
+
+Each slot is a Ray actor (``Holder``) on one node, holding a warm sandbox there, made with
+``max_restarts=0`` and ``max_task_retries=0`` and never as a plain task: a command is sent to
+an actor once, and an actor that is lost (killed, its worker crashed, its node gone) is never
+restarted or retried, so a command never runs twice. Its result is then ``sandbox_error``
+(``via="ray"``, ``error`` naming the actor or node), and the pool opens a slot in its place on
+a node with room (``placement.choose``). A node where a sandbox cannot open (no Docker engine,
+say) is marked unusable for the pool, with its error, and work goes elsewhere.
+
+The driver's side is synchronous and thread-safe: ``exec``, ``submit`` (a ``RayRun`` to wait
+for or cancel), ``map`` (every result, in order, at most ``max_in_flight`` running) and
+``session`` (one sandbox for many commands, pinned to its actor: losing it is reported, never
+moved). Progress (started slots, finished runs, lost actors) is made by whichever call waits.
+A per-node ``Reaper`` removes what a SIGKILLed owner left on its node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self, cast
+
+from sandboxrun.api.pool import Template, check_wait
+from sandboxrun.api.request import new_run_id
+from sandboxrun.api.sandbox import Sandbox
+from sandboxrun.engine import results
+from sandboxrun.engine.results import RunFacts
+from sandboxrun.errors import ConfigError, PoolExhaustedError
+from sandboxrun.integrations.ray import placement
+from sandboxrun.integrations.ray.holder import EXEC_OPTIONS, Holder
+from sandboxrun.integrations.ray.reaper import Reaper
+from sandboxrun.models import BackendName, ExecResult, Status
+
+State = Literal["starting", "ready", "busy", "session", "lost", "closed"]
+Command = Sequence[str] | str
+"""An argv, or a shell script (run with ``shell=``)."""
+STOP_WAIT_S = 30.0
+"""How long ``close`` waits for the slots to close their sandboxes before killing them."""
+POLL_S = 0.05
+SUSPECT_S = 60.0
+"""How long a node that lost a slot is placed on only when no other node has room (Ray
+may not have seen it die yet)."""
+KEEP_S = 0.2
+"""The background keeper's longest wait between two looks."""
+NODE_CHECK_S = 1.0
+"""How often slots still starting are checked for a node that died under them."""
+
+
+@dataclass
+class Slot:
+    actor: Any
+    node_id: str
+    host: str
+    state: State = "starting"
+    start_ref: Any = None
+    pid: int | None = None
+    backend: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class RayPoolStats:
+    """What a Ray pool holds and has done (``SandboxPool.stats``)."""
+
+    size: int
+    ready: int
+    busy: int
+    sessions: int
+    starting: int
+    nodes: dict[str, int]
+    """Live slots per node (by host name)."""
+    unusable: dict[str, str]
+    """Nodes barred from this pool (by host name), each with the error that barred it."""
+    started: int
+    lost: int
+    """Slots lost with their actor or node (each one's command, if any, ``sandbox_error``)."""
+    failed_starts: int
+    runs: int
+    last_error: str | None
+
+
+class SandboxPool:
+    """``size`` warm sandboxes on the cluster ``ray.init`` connected to, at most ``per_node``
+    on a node (and never more than its ``sandbox_slots``); ``size`` None: ``per_node`` on
+    every node offering slots. ``fresh``: each command runs in a sandbox no earlier command
+    touched (False: the commands sent to a slot share its sandbox, files and all; processes
+    never outlive a command either way). ``workspace``: the template of each sandbox's
+    workspace (a directory that exists on every node, a callable run on the node, or None);
+    ``root``: where workspaces are made on each node. ``sandbox_options``: ``Sandbox(...)``'s
+    (``backend``, ``image``, ``policy``, ``limits``, ...)."""
+
+    def __init__(
+        self,
+        size: int | None = None,
+        *,
+        per_node: int | None = None,
+        workspace: Template = None,
+        root: str | None = None,
+        fresh: bool = True,
+        open_timeout_s: float = 120.0,
+        acquire_timeout_s: float = 300.0,
+        reaper: bool = True,
+        reap_interval_s: float = 60.0,
+        **sandbox_options: Any,
+    ) -> None:
+        for name, value in (("size", size), ("per_node", per_node)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if size is None and per_node is None:
+            raise ConfigError("a Ray SandboxPool needs a size, a per_node count, or both")
+        check_wait(open_timeout_s, "open_timeout_s", zero=False)
+        check_wait(acquire_timeout_s, "acquire_timeout_s", zero=True)
+        check_wait(reap_interval_s, "reap_interval_s", zero=False)
+        for taken in ("workspace", "detach", "name"):
+            if taken in sandbox_options:
+                raise ConfigError(f"SandboxPool takes no {taken!r} for its sandboxes")
+        if isinstance(workspace, Path):
+            workspace = str(workspace)
+        self.size = size
+        self.per_node = per_node
+        self.template = workspace
+        self.root = root
+        self.fresh = fresh
+        self.open_timeout_s = open_timeout_s
+        self.acquire_timeout_s = acquire_timeout_s
+        self.reaper = reaper
+        self.reap_interval_s = reap_interval_s
+        self.sandbox_options = sandbox_options
+        self.close_errors: list[str] = []
+        self._lock = threading.RLock()
+        self._slots: list[Slot] = []
+        self._runs: dict[Any, RayRun] = {}
+        """Refs of commands under way, to the run each belongs to."""
+        self._reapers: dict[str, Any] = {}
+        self._unusable: dict[str, tuple[str, str]] = {}
+        """node id -> (host, why)."""
+        self._counts = {"started": 0, "lost": 0, "failed_starts": 0, "runs": 0}
+        self._last_error: str | None = None
+        self._failed_in_a_row = 0
+        self._not_before = 0.0
+        self._suspect: dict[str, float] = {}
+        """node id -> when it last lost a slot."""
+        self._node_check = 0.0
+        self._open = False
+        self._closed = False
+        self._holder_class: Any = None
+        self._keeper: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def open(self) -> Self:
+        """Place the slots and wait (at most ``open_timeout_s``) until each has its first
+        sandbox or failed; at least one must be ready (``PoolExhaustedError`` otherwise, with
+        every node's error)."""
+        import ray
+
+        if self._open or self._closed:
+            raise RuntimeError("a Ray SandboxPool is opened once")
+        if not ray.is_initialized():
+            raise ConfigError("a Ray SandboxPool needs a Ray connection: call ray.init() first")
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="sandboxrun-pool-check-") as probe:
+            Sandbox(probe, **self.sandbox_options)  # a bad option raises here, on the driver
+        self._holder_class = ray.remote(Holder)
+        self._open = True
+        nodes = self._nodes()
+        if self.size is None:
+            assert self.per_node is not None
+            self.size = placement.capacity(nodes, self.per_node)
+            if self.size < 1:
+                self._open = False
+                raise PoolExhaustedError(
+                    f"no node of the Ray cluster offers {placement.SLOT} "
+                    "(start nodes with ray start --resources "
+                    f"'{{\"{placement.SLOT}\": N}}')"
+                )
+        if self.reaper:
+            self._start_reapers(nodes)
+        deadline = time.monotonic() + self.open_timeout_s
+        with self._lock:
+            self._fill(nodes)
+        self._keeper = threading.Thread(target=self._keep, name="sandboxrun-ray-pool", daemon=True)
+        self._keeper.start()
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(s.state == "starting" for s in self._slots) and self._settled():
+                    break
+            self._pump(POLL_S)
+        with self._lock:
+            if not any(s.state == "ready" for s in self._slots):
+                message = self._exhausted("opening the pool")
+                self.close()
+                raise PoolExhaustedError(message)
+        return self
+
+    def _keep(self) -> None:
+        """In the background while the pool is open: take in started slots and ended runs,
+        and replace lost slots, also while no caller waits."""
+        while not self._closed:
+            try:
+                self._pump(KEEP_S)
+            except Exception as exc:  # (Ray shut down under the pool: the callers see it)
+                self._last_error = f"the pool's keeper: {first_line(exc)}"
+                time.sleep(KEEP_S)
+
+    def _settled(self) -> bool:
+        """Every slot the cluster has room for was tried (started, or its node barred)."""
+        assert self.size is not None
+        live = [s for s in self._slots if s.state not in ("lost", "closed")]
+        return (
+            len(live) >= self.size
+            or placement.choose(self._nodes(), self._held(), self.per_node, self._unusable) is None
+        )
+
+    def close(self) -> None:
+        """Close every slot (their sandboxes closed, every process of them killed) and stop
+        the reapers after a last sweep; idempotent."""
+        import ray
+
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            slots = [s for s in self._slots if s.state not in ("lost", "closed")]
+            for run in list(self._runs.values()):
+                run.cancel()
+        stops = {s.actor.stop.remote(): s for s in slots}
+        with contextlib.suppress(Exception):
+            ready, _ = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_WAIT_S)
+            for ref in ready:
+                try:
+                    self.close_errors += ray.get(ref)
+                except Exception as exc:
+                    self.close_errors.append(f"a slot on {stops[ref].host} did not stop: {exc}")
+        if self._keeper is not None:
+            self._keeper.join(KEEP_S * 5)
+        for slot in slots:
+            slot.state = "closed"
+            with contextlib.suppress(Exception):
+                ray.kill(slot.actor, no_restart=True)
+        for host, reaper in list(self._reapers.items()):
+            with contextlib.suppress(Exception):
+                swept = ray.get(reaper.sweep.remote(), timeout=STOP_WAIT_S)
+                self.close_errors += [f"{host}: {p}" for p in swept["problems"]]
+            with contextlib.suppress(Exception):
+                ray.kill(reaper, no_restart=True)
+        self._reapers.clear()
+
+    # -- placing ---------------------------------------------------------------------------------
+    def _nodes(self) -> list[placement.NodeView]:
+        import ray
+
+        listing: Any = ray.nodes()  # type: ignore[no-untyped-call]
+        return placement.nodes_of(listing)
+
+    def _held(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for s in self._slots:
+            if s.state not in ("lost", "closed"):
+                held[s.node_id] = held.get(s.node_id, 0) + 1
+        return held
+
+    def _fill(self, nodes: list[placement.NodeView] | None = None) -> None:
+        """Start slots until the pool holds ``size`` (under the lock)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if self._closed or time.monotonic() < self._not_before:
+            return
+        assert self.size is not None
+        nodes = self._nodes() if nodes is None else nodes
+        hosts = {n.node_id: n.host for n in nodes}
+        while len([s for s in self._slots if s.state not in ("lost", "closed")]) < self.size:
+            now = time.monotonic()
+            last = [n for n, when in self._suspect.items() if now - when < SUSPECT_S]
+            node = placement.choose(nodes, self._held(), self.per_node, self._unusable, last)
+            if node is None:
+                return
+            actor = self._holder_class.options(
+                max_restarts=0,
+                max_task_retries=0,
+                num_cpus=0,
+                resources={placement.SLOT: 1},
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote(
+                self.sandbox_options, self.template, self.root, self.fresh, self.open_timeout_s
+            )
+            slot = Slot(actor=actor, node_id=node, host=hosts.get(node, node[:12]))
+            slot.start_ref = actor.start.remote()
+            self._slots.append(slot)
+
+    def _start_reapers(self, nodes: list[placement.NodeView]) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        kind: Any = ray.remote(Reaper)
+        for node in nodes:
+            if not node.alive:
+                continue
+            reaper = kind.options(
+                max_restarts=0,
+                max_task_retries=0,
+                num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+            ).remote(self.reap_interval_s)
+            self._reapers[node.host] = reaper
+            reaper.start.remote()
+            reaper.sweep.remote()
+
+    def _sweep(self, node_id: str) -> None:
+        """Ask the node's reaper to look now (a lost slot's leftovers)."""
+        for node in self._nodes():
+            if node.node_id == node_id and node.alive and node.host in self._reapers:
+                self._reapers[node.host].sweep.remote()
+
+    # -- progress --------------------------------------------------------------------------------
+    def _pump(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for a slot's start or a run's end, and take them in."""
+        import ray
+
+        with self._lock:
+            starting = {s.start_ref: s for s in self._slots if s.state == "starting"}
+            refs = [*starting, *self._runs]
+            if not refs:
+                self._fill()
+        if not refs:
+            time.sleep(timeout_s)
+            return
+        done, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if done:  # everything finished by now, in one go
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        with self._lock:
+            for ref in done:
+                if ref in starting:
+                    self._started(starting[ref], ref)
+                elif ref in self._runs:
+                    self._runs.pop(ref)._collect()
+            self._check_starting(list(starting.values()))
+            self._fill()
+
+    def _check_starting(self, starting: list[Slot]) -> None:
+        """Give up slots still starting on a node that died (Ray may leave an actor bound to
+        a dead node pending) or past ``open_timeout_s``; at most every ``NODE_CHECK_S``."""
+        now = time.monotonic()
+        starting = [s for s in starting if s.state == "starting"]
+        if not starting or now - self._node_check < NODE_CHECK_S:
+            return
+        self._node_check = now
+        alive = {n.node_id for n in self._nodes() if n.alive}
+        for slot in starting:
+            if slot.node_id not in alive:
+                self._lose(slot, f"its node {slot.host} was lost while it started", count=False)
+            elif now - slot.started > self.open_timeout_s + 10:
+                why = f"its slot did not start within {self.open_timeout_s:g}s"
+                self._lose(slot, why, count=False)
+
+    def _started(self, slot: Slot, ref: Any) -> None:
+        import ray
+
+        if slot.state != "starting":
+            return
+        try:
+            identity = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            self._counts["failed_starts"] += 1
+            self._lose(slot, f"its actor died while starting: {first_line(exc)}", count=False)
+            self._back_off()
+            return
+        except Exception as exc:  # the sandbox cannot open on that node: bar it
+            self._counts["failed_starts"] += 1
+            why = first_line(exc)
+            self._unusable[slot.node_id] = (slot.host, why)
+            self._last_error = f"{slot.host}: {why}"
+            slot.state = "lost"
+            with contextlib.suppress(Exception):
+                ray.kill(slot.actor, no_restart=True)
+            return
+        self._failed_in_a_row = 0
+        slot.pid, slot.backend = identity["pid"], identity["backend"]
+        slot.state = "ready"
+        self._counts["started"] += 1
+
+    def _back_off(self) -> None:
+        self._failed_in_a_row += 1
+        self._not_before = time.monotonic() + min(5.0, 0.1 * 2 ** min(self._failed_in_a_row, 6))
+
+    def _lose(self, slot: Slot, why: str, *, count: bool = True) -> None:
+        """``slot`` is gone (its actor killed for sure); its capacity is replaced."""
+        import ray
+
+        if slot.state in ("lost", "closed"):
+            return
+        slot.state = "lost"
+        self._counts["lost"] += 1 if count else 0
+        self._last_error = f"{slot.host}: {why}"
+        self._suspect[slot.node_id] = time.monotonic()
+        with contextlib.suppress(Exception):
+            ray.kill(slot.actor, no_restart=True)
+        self._sweep(slot.node_id)
+
+    def _lost_why(self, slot: Slot, exc: BaseException) -> str:
+        node_alive = any(n.node_id == slot.node_id and n.alive for n in self._nodes())
+        pid = f" (pid {slot.pid})" if slot.pid else ""
+        if not node_alive:
+            return f"its sandbox's node {slot.host} ({slot.node_id[:12]}) was lost"
+        return f"its sandbox's actor{pid} on {slot.host} died: {first_line(exc)}"
+
+    def _take(self, timeout_s: float | None, *, state: State) -> Slot:
+        """A ready slot, marked ``state``; waits (pumping) at most ``timeout_s``."""
+        wait = self.acquire_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                if not self._open or self._closed:
+                    raise RuntimeError("the Ray SandboxPool is not open")
+                for slot in self._slots:
+                    if slot.state == "ready":
+                        slot.state = state
+                        return slot
+                if not self._possible():
+                    raise PoolExhaustedError(self._exhausted("no node can take a slot"))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PoolExhaustedError(self._exhausted(f"no slot was free within {wait:g}s"))
+            self._pump(min(POLL_S * 4, left))
+
+    def _possible(self) -> bool:
+        """A slot exists or could still be started."""
+        if any(s.state not in ("lost", "closed") for s in self._slots):
+            return True
+        return placement.choose(self._nodes(), {}, self.per_node, self._unusable) is not None
+
+    def _exhausted(self, what: str) -> str:
+        s = self.stats()
+        barred = "".join(f"; {host} is unusable: {why}" for host, why in s.unusable.items())
+        last = f"; the last error: {s.last_error}" if s.last_error else ""
+        return (
+            f"{what} (size {s.size}: {s.ready} ready, {s.busy} busy, {s.sessions} in "
+            f"sessions, {s.starting} starting){barred}{last}"
+        )
+
+    def _release(self, slot: Slot) -> None:
+        if slot.state in ("busy", "session"):
+            slot.state = "ready"
+
+    # -- running ---------------------------------------------------------------------------------
+    def submit(
+        self, argv: Command | None = None, *, acquire_timeout_s: float | None = None, **options: Any
+    ) -> RayRun:
+        """Send one command to a free slot (waiting for one at most ``acquire_timeout_s``):
+        its ``RayRun``. ``options``: ``Sandbox.exec``'s (``shell``, ``timeout``, ``env``,
+        ``stdin``, ``workdir``, ...)."""
+        args, options = command(argv, options)
+        slot = self._take(acquire_timeout_s, state="busy")
+        with self._lock:
+            self._counts["runs"] += 1
+            ref = slot.actor.exec.remote(args, options)
+            run = RayRun(self, slot, ref, args, options)
+            self._runs[ref] = run
+        return run
+
+    def exec(self, argv: Command | None = None, **options: Any) -> ExecResult:
+        """``submit(...).result()``: one command's result (never raises for its outcome)."""
+        return self.submit(argv, **options).result()
+
+    def map(
+        self, commands: Sequence[Command], *, max_in_flight: int | None = None, **options: Any
+    ) -> list[ExecResult]:
+        """Every command's result, in the order given; at most ``max_in_flight`` under way
+        at once (default: the pool's size). Each command is an argv or a shell script."""
+        return list(self.imap(commands, max_in_flight=max_in_flight, **options))
+
+    def imap(
+        self, commands: Sequence[Command], *, max_in_flight: int | None = None, **options: Any
+    ) -> Iterator[ExecResult]:
+        """``map``, yielding each result as soon as it and those before it are in."""
+        limit = self.size if max_in_flight is None else max_in_flight
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"max_in_flight must be a whole number of at least 1, got {limit!r}")
+        checked = [command(c, options) for c in commands]  # every one checked first
+        runs: list[RayRun] = []
+        given = 0
+        try:
+            while given < len(checked) or runs:
+                while given < len(checked) and len(runs) < limit:
+                    args, opts = checked[given]
+                    runs.append(self.submit(args, **opts))
+                    given += 1
+                if not runs[0].done():
+                    self._pump(POLL_S)
+                    continue
+                yield runs.pop(0).result()
+        finally:
+            for run in runs:  # a consumer that stopped early: nothing is left running
+                run.cancel()
+
+    @contextmanager
+    def session(self, acquire_timeout_s: float | None = None) -> Iterator[RaySession]:
+        """One sandbox for many commands, on one slot for the whole block (agents). If its
+        actor or node is lost the session's results say so (``sandbox_error``) from then
+        on: it is never moved, its state would be gone."""
+        import ray
+
+        slot = self._take(acquire_timeout_s, state="session")
+        name = uuid.uuid4().hex
+        session = RaySession(self, slot, name)
+        try:
+            try:
+                ray.get(slot.actor.session_begin.remote(name), timeout=self.open_timeout_s)
+            except ray.exceptions.RayActorError as exc:
+                session._lost(exc)
+            yield session
+        finally:
+            if session.lost is None:
+                try:
+                    ray.get(slot.actor.session_end.remote(name), timeout=STOP_WAIT_S)
+                except Exception as exc:
+                    with self._lock:
+                        self._lose(slot, self._lost_why(slot, exc))
+            with self._lock:
+                self._release(slot)
+                self._fill()
+
+    def stats(self) -> RayPoolStats:
+        with self._lock:
+            states = [s.state for s in self._slots]
+            nodes: dict[str, int] = {}
+            for s in self._slots:
+                if s.state not in ("lost", "closed", "starting"):
+                    nodes[s.host] = nodes.get(s.host, 0) + 1
+            return RayPoolStats(
+                size=self.size or 0,
+                ready=states.count("ready"),
+                busy=states.count("busy"),
+                sessions=states.count("session"),
+                starting=states.count("starting"),
+                nodes=nodes,
+                unusable=dict(self._unusable.values()),
+                started=self._counts["started"],
+                lost=self._counts["lost"],
+                failed_starts=self._counts["failed_starts"],
+                runs=self._counts["runs"],
+                last_error=self._last_error,
+            )
+
+    def slots(self) -> list[dict[str, Any]]:
+        """The live slots: node id, host, actor pid, backend and state of each."""
+        with self._lock:
+            return [
+                {
+                    "node_id": s.node_id,
+                    "host": s.host,
+                    "pid": s.pid,
+                    "backend": s.backend,
+                    "state": s.state,
+                }
+                for s in self._slots
+                if s.state not in ("lost", "closed")
+            ]
+
+    def _backend_of(self, slot: Slot) -> BackendName:
+        name = slot.backend or self.sandbox_options.get("backend")
+        known: tuple[BackendName, ...] = ("docker", "systemd-scope", "process-group", "fake")
+        return cast(BackendName, name) if name in known else "docker"
+
+
+class RayRun:
+    """One command sent to a slot: ``result()`` waits for it, ``cancel()`` ends it (its
+    result is then ``cancelled``, the slot's processes killed)."""
+
+    def __init__(
+        self,
+        pool: SandboxPool,
+        slot: Slot,
+        ref: Any,
+        argv: list[str] | None,
+        options: dict[str, Any],
+    ) -> None:
+        self.pool = pool
+        self.slot = slot
+        self.ref = ref
+        self.argv = argv
+        self.options = options
+        self.began = time.monotonic()
+        self._result: ExecResult | None = None
+        self._cancelled = False
+        self._done = threading.Event()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Cancel the command (nothing when it has ended)."""
+        import ray
+
+        if self._done.is_set():
+            return
+        self._cancelled = True
+        with contextlib.suppress(Exception):
+            ray.cancel(self.ref)
+
+    def result(self, timeout_s: float | None = None) -> ExecResult:
+        """The command's result (``TimeoutError`` past ``timeout_s``: it still runs)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._done.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"the command was still running after {timeout_s:g}s")
+            self.pool._pump(POLL_S if left is None else min(POLL_S, left))
+        assert self._result is not None
+        return self._result
+
+    def _collect(self) -> None:
+        """Take the ended command's result in (under the pool's lock)."""
+        import ray
+
+        if self._done.is_set():
+            return
+        pool, slot = self.pool, self.slot
+        try:
+            got = ray.get(self.ref, timeout=0)
+            if not isinstance(got, ExecResult):
+                raise TypeError(f"a slot returned {type(got).__name__}, not an ExecResult")
+            self._result = got
+            pool._release(slot)
+        except ray.exceptions.TaskCancelledError:
+            self._result = self._made("cancelled", "cancelled on the driver (ray.cancel)")
+            pool._release(slot)
+        except ray.exceptions.RayActorError as exc:
+            why = pool._lost_why(slot, exc)
+            self._result = self._made("sandbox_error", f"{why}; the command was not run again")
+            pool._lose(slot, why)
+        except ray.exceptions.RayTaskError as exc:  # the slot refused the command
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            if isinstance(cause, (TypeError, ValueError, ConfigError)):
+                self._result = self._made("spawn_error", first_line(cause))
+                pool._release(slot)
+            else:
+                why = f"its slot on {slot.host} failed: {first_line(cause)}"
+                self._result = self._made("sandbox_error", why)
+                pool._lose(slot, why)
+        except Exception as exc:  # the object or its owner lost: the slot is not trusted
+            why = f"its result was lost on {slot.host}: {first_line(exc)}"
+            self._result = self._made("sandbox_error", why)
+            pool._lose(slot, why)
+        self._done.set()
+
+    def _made(self, status: Status, error: str) -> ExecResult:
+        """The result the driver gives a command whose slot could not say (its actor lost,
+        a cancel): nothing of its output reached the driver."""
+        facts = RunFacts(
+            backend=self.pool._backend_of(self.slot),
+            argv=list(self.argv or []) or ["sh", "-c", str(self.options.get("shell", ""))],
+            run_id=new_run_id(),
+            isolation=[],
+            missing=[],
+            fallback_reason=None,
+            via="ray",
+        )
+        return results.unstarted(facts, status, error, self.began)
+
+
+class RaySession:
+    """Commands in one sandbox on one slot (``SandboxPool.session``)."""
+
+    def __init__(self, pool: SandboxPool, slot: Slot, name: str) -> None:
+        self.pool = pool
+        self.slot = slot
+        self.name = name
+        self.lost: str | None = None
+        """Why the session's sandbox is gone (its actor or node lost), or None."""
+
+    @property
+    def host(self) -> str:
+        return self.slot.host
+
+    @property
+    def node_id(self) -> str:
+        return self.slot.node_id
+
+    def _lost(self, exc: BaseException) -> None:
+        with self.pool._lock:
+            self.lost = self.pool._lost_why(self.slot, exc)
+            self.pool._lose(self.slot, self.lost)
+
+    def exec(self, argv: Command | None = None, **options: Any) -> ExecResult:
+        """One command in the session's sandbox; once the session is lost, ``sandbox_error``
+        (nothing runs anywhere else)."""
+        import ray
+
+        args, options = command(argv, options)
+        began = time.monotonic()
+        run = RayRun(self.pool, self.slot, None, args, options)
+        run.began = began
+        if self.lost is None:
+            try:
+                got = ray.get(self.slot.actor.session_exec.remote(self.name, args, options))
+                if isinstance(got, ExecResult):
+                    return got
+                raise TypeError(f"a slot returned {type(got).__name__}, not an ExecResult")
+            except ray.exceptions.RayActorError as exc:
+                self._lost(exc)
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                return run._made("spawn_error", first_line(cause))
+        return run._made(
+            "sandbox_error", f"the session's sandbox is lost: {self.lost}; it is not moved"
+        )
+
+
+def command(
+    argv: Command | None, options: dict[str, Any]
+) -> tuple[list[str] | None, dict[str, Any]]:
+    """``(argv, options)`` to send: a string is a shell script; options checked here."""
+    unknown = set(options) - EXEC_OPTIONS
+    if unknown:
+        raise ConfigError(
+            f"a Ray pool's exec takes no {', '.join(sorted(unknown))} (a callable cannot "
+            "cross to the node; these are taken: " + ", ".join(sorted(EXEC_OPTIONS)) + ")"
+        )
+    options = dict(options)
+    if isinstance(argv, str):
+        if "shell" in options:
+            raise ConfigError("give a command as a string or as shell=, not both")
+        options["shell"] = argv
+        return None, options
+    if argv is None:
+        if "shell" not in options:
+            raise ConfigError("give a command: an argv, a shell script, or shell=")
+        return None, options
+    args = list(argv)
+    if not args or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"an argv is a non-empty list of strings, got {argv!r}")
+    timeout = options.get("timeout")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and math.isfinite(timeout)):
+        raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
+    return args, options
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (of its cause, for a Ray task's error)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and type(exc).__name__.startswith("RayTaskError"):
+        exc = cause
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+__all__ = ["RayPoolStats", "RayRun", "RaySession", "SandboxPool"]

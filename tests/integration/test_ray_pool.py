@@ -1,0 +1,494 @@
+"""``sandboxrun.ray.SandboxPool`` on a real Ray cluster (a head and two worker nodes started
+with ``ray start``, ``tests/ray_cluster.py``) and the real Docker engine: placement per node,
+``map`` in order, at most ``max_in_flight`` running, a command never run twice when its actor,
+its raylet or its whole node is killed mid-command, nothing left after a driver SIGKILL, a
+remote timeout and ``ray.cancel``, a node without an engine, sticky sessions, the reaper, and a
+cluster that never talks to anything but loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import ray_cluster
+from helpers import processes_mentioning, require_backend, wait_until
+
+pytestmark = pytest.mark.timeout(600)
+
+PREAMBLE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import ray
+    ray.init(address="127.0.0.1:6379", logging_level="ERROR")
+    from sandboxrun import Mount, Policy
+    from sandboxrun.ray import SandboxPool
+
+    def say(event, **kw):
+        print(json.dumps({"event": event, **kw}), flush=True)
+
+    def res(r):
+        return {"status": r.status, "stdout": r.stdout, "stderr": r.stderr[-500:],
+                "error": r.error, "via": r.via, "exit_code": r.exit_code,
+                "duration_s": r.duration_s, "backend": r.backend}
+
+    ARGS = json.loads(sys.argv[1])
+    MARKS = Policy(mounts=(Mount(source=ARGS["marks"], target="/marks", read_only=False),))
+
+    def pool(**kw):
+        kw.setdefault("backend", "docker")
+        kw.setdefault("root", ARGS["root"])
+        return SandboxPool(**kw)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ray_cluster.Cluster]:
+    why = ray_cluster.why_not()
+    if why is not None:
+        if os.environ.get("SANDBOXRUN_REQUIRE_RAY") == "1":
+            pytest.fail(f"the Ray tests are required (SANDBOXRUN_REQUIRE_RAY) but: {why}")
+        pytest.skip(why)
+    require_backend("docker")
+    made = ray_cluster.start({"sbr-w1": 3, "sbr-w2": 3})
+    try:
+        yield made
+    finally:
+        hosts = {"sbr-head", *made.nodes, "sbr-w3", "sbr-w4", "sbr-driver"}
+        made.stop()
+        left = containers_of(hosts)
+        for cid in left:  # (then failed below: a test must leave none)
+            with suppress(Exception):
+                docker.from_env().api.remove_container(cid, force=True)
+        assert not left, f"containers of the cluster left: {left}"
+
+
+@pytest.fixture
+def marks(cluster: ray_cluster.Cluster, tmp_path: Path) -> Path:
+    path = cluster.root / f"marks-{time.monotonic_ns()}"
+    path.mkdir()
+    path.chmod(0o777)
+    return path
+
+
+def args(cluster: ray_cluster.Cluster, marks: Path, **extra: Any) -> str:
+    root = cluster.root / f"ws-{time.monotonic_ns()}"
+    return json.dumps({"marks": str(marks), "root": str(root), **extra})
+
+
+def containers_of(hosts: set[str]) -> list[str]:
+    client = docker.from_env()
+    try:
+        found = client.api.containers(all=True, filters={"label": "sandboxrun.managed=true"})
+    finally:
+        client.close()
+    return [str(c["Id"]) for c in found if c["Labels"].get("sandboxrun.owner_host") in hosts]
+
+
+def run_driver(cluster: ray_cluster.Cluster, body: str, argv: str) -> dict[str, Any]:
+    """A driver that prints one ``done`` line, run to its end."""
+    done = cluster.python(PREAMBLE + textwrap.dedent(body), argv, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for line in reversed(done.stdout.splitlines()):
+        got = json.loads(line) if line.startswith("{") else None
+        if got and got.get("event") == "done":
+            return dict(got)
+    raise AssertionError(f"no done line: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+
+
+def test_placement_per_node_and_never_past_the_slots(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """``per_node=2``: two warm sandboxes on each worker node (their actors' node ids), none
+    on the head (no ``sandbox_slots``); ``size=9`` on 3 + 3 slots: six, never more."""
+    got = run_driver(
+        cluster,
+        """
+        with pool(per_node=2) as p:
+            two = [(s["host"], s["backend"], s["state"]) for s in p.slots()]
+            ran = res(p.exec(["sh", "-c", "cat /proc/1/cgroup >/dev/null; echo in"]))
+            st = p.stats()
+        with pool(size=9, acquire_timeout_s=0) as p:
+            nine = [s["host"] for s in p.slots()]
+            size = p.stats().size
+        say("done", two=two, ran=ran, nine=nine, size=size, nodes=st.nodes)
+        """,
+        args(cluster, marks),
+    )
+    assert sorted(got["two"]) == [
+        ["sbr-w1", "docker", "ready"],
+        ["sbr-w1", "docker", "ready"],
+        ["sbr-w2", "docker", "ready"],
+        ["sbr-w2", "docker", "ready"],
+    ]
+    assert got["nodes"] == {"sbr-w1": 2, "sbr-w2": 2}
+    assert got["ran"]["status"] == "completed" and got["ran"]["stdout"] == "in\n", got["ran"]
+    assert got["ran"]["via"] == "supervisor", got["ran"]
+    assert sorted(got["nine"]) == ["sbr-w1"] * 3 + ["sbr-w2"] * 3 and got["size"] == 9
+
+
+def test_map_returns_every_result_in_order_with_at_most_max_in_flight(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """1,000 commands through ``map`` on four slots: every result, in order. Forty that
+    each take 0.3 s with ``max_in_flight=2``: never more than two at once (from the
+    commands' own clocks). With ``fresh`` (the default), no command sees another's file."""
+    got = run_driver(
+        cluster,
+        """
+        with pool(size=4, fresh=False) as p:
+            t = time.monotonic()
+            out = [r.stdout for r in p.map([["echo", str(i)] for i in range(1000)])]
+            took = time.monotonic() - t
+            spans = [r.stdout.split() for r in p.map(
+                ["date +%s.%N; sleep 0.3; date +%s.%N"] * 40, max_in_flight=2)]
+        with pool(size=2) as p:
+            fresh = [r.status for r in p.map(
+                ["test ! -e /tmp/seen && touch /tmp/seen && test ! -e seen && touch seen"] * 12)]
+        say("done", out=out, took=took, spans=spans, fresh=fresh)
+        """,
+        args(cluster, marks),
+    )
+    assert got["out"] == [f"{i}\n" for i in range(1000)]
+    events = sorted(
+        [(float(a), 1) for a, _ in got["spans"]] + [(float(b), -1) for _, b in got["spans"]]
+    )
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    assert most == 2, got["spans"]  # 2 at once (and not 1: the limit is used)
+    assert got["fresh"] == ["completed"] * 12
+
+
+def test_a_killed_actor_never_runs_its_command_twice(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """SIGKILL the actor holding a running command: its marker ran exactly once, the result
+    is ``sandbox_error`` naming the actor, the pool replaces the slot, and within 5 s none of
+    the command's processes (a ``setsid`` child among them) and no container of it is left."""
+    driver = cluster.driver(
+        PREAMBLE
+        + textwrap.dedent(
+            """
+            with pool(size=2, policy=MARKS) as p:
+                run = p.submit(
+                    "echo ran >> /marks/count; setsid sleep 9410001.5 & sleep 9410001.5")
+                say("submitted", pid=run.slot.pid, host=run.slot.host)
+                r = run.result()
+                deadline = time.monotonic() + 60
+                while p.stats().ready < 2 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                after = res(p.exec("echo again"))
+                say("done", result=res(r), stats=p.stats().__dict__, after=after,
+                    pids=[s["pid"] for s in p.slots()])
+            """
+        ),
+        args(cluster, marks),
+    )
+    try:
+        sub = driver.expect("submitted")
+        assert wait_until(lambda: len(processes_mentioning("9410001.5")) >= 2, 30)
+        os.kill(sub["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_until(lambda: not processes_mentioning("9410001.5"), 5)
+        assert wait_until(
+            lambda: not containers_owned_by(sub["pid"]), 5 - (time.monotonic() - killed)
+        )
+        done = driver.expect("done")
+    finally:
+        driver.kill()
+    result = done["result"]
+    assert result["status"] == "sandbox_error" and result["via"] == "ray", result
+    assert f"actor (pid {sub['pid']}) on {sub['host']} died" in result["error"], result
+    assert "not run again" in result["error"]
+    assert (marks / "count").read_text() == "ran\n"
+    assert done["stats"]["lost"] == 1 and done["stats"]["ready"] == 2, done["stats"]
+    assert sub["pid"] not in done["pids"]
+    assert done["after"]["status"] == "completed"
+
+
+def containers_owned_by(pid: int) -> list[str]:
+    client = docker.from_env()
+    try:
+        found = client.api.containers(all=True, filters={"label": f"sandboxrun.owner_pid={pid}"})
+    finally:
+        client.close()
+    return [str(c["Id"]) for c in found]
+
+
+@pytest.mark.parametrize("fault", ["raylet", "node"])
+def test_a_lost_node_never_runs_a_command_twice(
+    cluster: ray_cluster.Cluster, marks: Path, fault: str
+) -> None:
+    """A third node whose raylet is SIGKILLed (or every process of it, the whole node)
+    while each slot runs a command: the commands on it end ``sandbox_error`` naming the lost
+    node, each marker ran once, its processes and containers are gone within 5 s, the
+    capacity comes back on the nodes left, and the other nodes' commands were untouched."""
+    cluster.add_node("sbr-w3", 1)
+    driver = cluster.driver(
+        PREAMBLE
+        + textwrap.dedent(
+            """
+            with pool(size=3, per_node=None, policy=MARKS) as p:
+                hosts = sorted(s["host"] for s in p.slots())
+                runs = [p.submit(f"echo {i} >> /marks/$MARK; sleep 9410002.5",
+                                 env={"MARK": f"m{i}"}, timeout=60) for i in range(3)]
+                say("submitted", hosts=hosts, runs=[r.slot.host for r in runs])
+                lost = [i for i, r in enumerate(runs) if r.slot.host == "sbr-w3"][0]
+                r = runs[lost].result()
+                for i, other in enumerate(runs):
+                    if i != lost:
+                        other.cancel()
+                others = [res(o.result()) for i, o in enumerate(runs) if i != lost]
+                deadline = time.monotonic() + 60
+                while p.stats().ready < 3 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                say("done", result=res(r), others=others, stats=p.stats().__dict__,
+                    hosts=sorted(s["host"] for s in p.slots()))
+            """
+        ),
+        args(cluster, marks),
+    )
+    try:
+        sub = driver.expect("submitted")
+        assert sub["hosts"] == ["sbr-w1", "sbr-w2", "sbr-w3"], sub
+        assert wait_until(lambda: len(list(marks.iterdir())) == 3, 30)
+        assert wait_until(lambda: len(processes_mentioning("9410002.5")) >= 3, 30)
+        if fault == "raylet":
+            cluster.kill_raylet("sbr-w3")
+        else:
+            cluster.kill_node("sbr-w3")
+        killed = time.monotonic()
+
+        def left_on_w3() -> bool:
+            return bool(containers_of({"sbr-w3"})) or len(processes_mentioning("9410002.5")) > 2
+
+        assert wait_until(lambda: not left_on_w3(), 5), (
+            containers_of({"sbr-w3"}),
+            processes_mentioning("9410002.5"),
+        )
+        gone_s = time.monotonic() - killed
+        done = driver.expect("done", 120)
+    finally:
+        driver.kill()
+        cluster.forget("sbr-w3")
+    result = done["result"]
+    assert result["status"] == "sandbox_error", result
+    assert "node sbr-w3" in result["error"] or "sbr-w3 died" in result["error"], result
+    assert [o["status"] for o in done["others"]] == ["cancelled", "cancelled"], done["others"]
+    assert sorted(p.read_text() for p in marks.iterdir()) == ["0\n", "1\n", "2\n"]
+    assert done["stats"]["lost"] == 1 and done["stats"]["ready"] == 3, done["stats"]
+    assert "sbr-w3" not in done["hosts"] and len(done["hosts"]) == 3, done["hosts"]
+    assert gone_s < 5
+
+
+def test_a_killed_driver_leaves_nothing(cluster: ray_cluster.Cluster, marks: Path) -> None:
+    """SIGKILL the driver while each of its slots runs a command: Ray's fate sharing ends its
+    actors, their sandboxes end with them: no process and no container within 10 s."""
+    driver = cluster.driver(
+        PREAMBLE
+        + textwrap.dedent(
+            """
+            p = pool(size=2).open()
+            runs = [p.submit("setsid sleep 9410003.5 & sleep 9410003.5") for _ in range(2)]
+            say("submitted", pids=[r.slot.pid for r in runs])
+            time.sleep(600)
+            """
+        ),
+        args(cluster, marks),
+    )
+    try:
+        sub = driver.expect("submitted")
+        assert wait_until(lambda: len(processes_mentioning("9410003.5")) >= 4, 30)
+    finally:
+        driver.kill()
+    assert wait_until(lambda: not processes_mentioning("9410003.5"), 10)
+    assert wait_until(lambda: not any(containers_owned_by(p) for p in sub["pids"]), 10)
+
+
+def test_remote_timeout_and_cancel_leave_no_survivor(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """A command past its timeout on a node ends ``timed_out``, one cancelled from the
+    driver (``RayRun.cancel``: ``ray.cancel``) ends ``cancelled``; neither leaves a process
+    (TERM-ignoring, ``setsid`` children) and the slot runs the next command."""
+    hostile = "trap '' TERM; setsid sh -c \"trap '' TERM; sleep 9410004.5\" & sleep 9410004.5"
+    got = run_driver(
+        cluster,
+        f"""
+        with pool(size=1, limits=None) as p:
+            timed = res(p.exec({hostile!r}, timeout=1))
+            run = p.submit({hostile!r})
+            time.sleep(2)
+            run.cancel()
+            cancelled = res(run.result())
+            left = os.popen("pgrep -f 9410004.5 | wc -l").read().strip()
+            after = res(p.exec("echo next"))
+        say("done", timed=timed, cancelled=cancelled, after=after)
+        """,
+        args(cluster, marks),
+    )
+    assert got["timed"]["status"] == "timed_out", got["timed"]
+    assert got["cancelled"]["status"] == "cancelled", got["cancelled"]
+    assert got["after"]["stdout"] == "next\n"
+    assert wait_until(lambda: not processes_mentioning("9410004.5"), 10)
+
+
+def test_a_node_without_docker_is_barred_and_work_goes_elsewhere(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """A node whose Docker engine is unreachable: its slots fail to open, the pool bars the
+    node with the engine's error and puts its sandboxes on the others."""
+    cluster.add_node("sbr-w4", 2, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    try:
+        got = run_driver(
+            cluster,
+            """
+            with pool(per_node=1) as p:
+                hosts = sorted(s["host"] for s in p.slots())
+                st = p.stats()
+                out = [r.status for r in p.map(["true"] * 6)]
+            say("done", hosts=hosts, unusable=st.unusable, out=out)
+            """,
+            args(cluster, marks),
+        )
+    finally:
+        cluster.kill_node("sbr-w4")
+    assert got["hosts"] == ["sbr-w1", "sbr-w2"], got
+    assert list(got["unusable"]) == ["sbr-w4"], got
+    assert "docker" in got["unusable"]["sbr-w4"].lower(), got["unusable"]
+    assert got["out"] == ["completed"] * 6
+
+
+def test_a_session_is_sticky_and_its_loss_is_reported_never_moved(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """A session keeps one sandbox (a file in /tmp, a job started in it) on one slot; when
+    that slot's actor is killed the session's next commands are ``sandbox_error`` and run
+    nowhere (the marker file gets nothing more)."""
+    driver = cluster.driver(
+        PREAMBLE
+        + textwrap.dedent(
+            """
+            with pool(size=2, policy=MARKS) as p:
+                with p.session() as s:
+                    a = res(s.exec("echo kept > /tmp/state; echo 1 >> /marks/log"))
+                    b = res(s.exec("cat /tmp/state; echo 2 >> /marks/log"))
+                    say("kill", pid=s.slot.pid, host=s.host)
+                    sys.stdin.readline()
+                    c = res(s.exec("echo 3 >> /marks/log"))
+                    d = res(s.exec("echo 4 >> /marks/log"))
+                    lost = s.lost
+                say("done", a=a, b=b, c=c, d=d, lost=lost, stats=p.stats().__dict__)
+            """
+        ),
+        args(cluster, marks),
+    )
+    try:
+        kill = driver.expect("kill")
+        os.kill(kill["pid"], signal.SIGKILL)
+        time.sleep(1)
+        driver.send("go")
+        done = driver.expect("done")
+    finally:
+        driver.kill()
+    assert done["b"]["stdout"] == "kept\n", done["b"]
+    assert done["c"]["status"] == "sandbox_error" and done["d"]["status"] == "sandbox_error"
+    assert "not moved" in done["d"]["error"] and f"pid {kill['pid']}" in done["lost"], done
+    assert (marks / "log").read_text() == "1\n2\n"
+
+
+def test_the_reaper_removes_only_this_nodes_dead_owners(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """Containers labelled as sandboxes of node sbr-w1 with a dead owner are removed when a
+    pool opens (each node's reaper sweeps); one of sbr-w1 whose owner lives, and one of
+    another host with a dead owner, are left alone."""
+    client = docker.from_env()
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) - 7  # (no such process)
+    assert not os.path.exists(f"/proc/{dead}")
+    image = "sandboxrun/base:0.1.0"
+    made: dict[str, str] = {}
+    now = str(int(time.time()))
+    try:
+        for name, host, pid in (
+            ("dead", "sbr-w1", dead),
+            ("live", "sbr-w1", 1),
+            ("other", "not-a-node-of-the-cluster", dead),
+        ):
+            created = client.api.create_container(
+                image,
+                command=["sleep", "infinity"],
+                labels={
+                    "sandboxrun.managed": "true",
+                    "sandboxrun.owner_host": host,
+                    "sandboxrun.owner_pid": str(pid),
+                    "sandboxrun.created": now,
+                },
+                host_config=client.api.create_host_config(network_mode="none"),
+            )
+            made[name] = created["Id"]
+        got = run_driver(
+            cluster,
+            """
+            with pool(size=1) as p:
+                p.exec("true")
+            say("done")
+            """,
+            args(cluster, marks),
+        )
+        assert got["event"] == "done"
+        ids = {c["Id"] for c in client.api.containers(all=True)}
+        assert made["dead"] not in ids
+        assert made["live"] in ids and made["other"] in ids
+    finally:
+        for cid in made.values():
+            with suppress(Exception):
+                client.api.remove_container(cid, force=True)
+        client.close()
+
+
+def test_the_cluster_talks_to_loopback_only(cluster: ray_cluster.Cluster) -> None:
+    """The namespace has only ``lo``; every node's address is 127.0.0.1; every TCP peer the
+    sampler saw over the whole module is a loopback address (runs last in the module)."""
+    assert cluster.interfaces() == ["lo"]
+    assert cluster.addresses() <= {"127.0.0.1/8", "::1/128"}, cluster.addresses()
+    nodes = cluster.alive_nodes()
+    assert {n["address"] for n in nodes} == {"127.0.0.1"}, nodes
+    peers = cluster.peers()
+    assert peers, "the sampler saw no connection at all"
+    assert all(loopback(p) for p in peers), peers
+
+
+def loopback(peer: str) -> bool:
+    address = ipaddress.ip_address(peer.strip("[]").split("%")[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+@pytest.mark.parametrize(
+    ("peer", "ok"),
+    [
+        ("127.0.0.1", True),
+        ("[::ffff:127.0.0.1]", True),
+        ("[::1]", True),
+        ("127.3.2.1", True),
+        ("192.0.2.2", False),
+        ("[::ffff:192.0.2.2]", False),
+        ("[2001:db8::1]", False),
+    ],
+)
+def test_what_counts_as_loopback(peer: str, ok: bool) -> None:
+    assert loopback(peer) is ok
