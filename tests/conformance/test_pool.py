@@ -251,3 +251,48 @@ async def test_an_open_cancelled_anywhere_leaves_nothing(
     import gc
 
     gc.collect()  # a leaked Popen or socket warns now, in this test
+
+
+@pytest.mark.timeout(420)  # docker: 200 opens at ~0.4 s each on 2 cores, two at a time
+async def test_two_hundred_cycles_with_hostile_users_hand_out_only_clean_sandboxes(
+    backend: str, template: Path, tmp_path: Path
+) -> None:
+    """200 acquire/release cycles, every fourth user hostile in its own way: a ``setsid``
+    daemon left running, a file planted in ``/tmp`` and in the workspace, and every
+    twentieth a fork bomb (only where the pids limit is enforced). Every sandbox handed out
+    is clean: no file of an earlier user in ``/tmp`` or the workspace, the template as it
+    was; afterwards no daemon lives and no workspace is left."""
+    marker = f"9{uuid.uuid4().int % 10**6:06d}.5"
+    root = tmp_path / "pool"
+    bombs = 0
+    async with SandboxPool(
+        3, workspace=template, root=root, backend=backend, open_concurrency=2
+    ) as pool:
+        for i in range(200):
+            async with pool.acquire(timeout_s=120) as sb:
+                look = await sb.exec(
+                    shell="ls -A /tmp | grep -c '^planted' || true; ls -A; cat src/task.txt"
+                )
+                assert look.ok and look.stdout == "0\nsrc\ntask\n", (i, look.stdout, look.stderr)
+                kind = i % 4
+                if kind == 0:
+                    started = await sb.exec(shell=f"setsid sleep {marker} > /dev/null 2>&1 &")
+                    assert started.ok, started
+                elif kind == 1:
+                    planted = await sb.exec(
+                        shell="echo x > /tmp/planted-$$; echo x > planted; "
+                        "echo changed > src/task.txt"
+                    )
+                    assert planted.ok, planted
+                elif kind == 2 and i % 20 == 2 and "pids-limit" in look.isolation:
+                    bomb = await sb.exec(shell="b() { b | b & }; b; sleep 30", timeout=1)
+                    assert bomb.status in ("timed_out", "failed", "completed"), bomb
+                    bombs += 1
+        assert pool.stats().acquired == 200 and pool.stats().failed_opens == 0, pool.stats()
+    assert await anyio.to_thread.run_sync(
+        lambda: wait_until(lambda: not processes_mentioning(marker), 30)
+    ), "a hostile user's daemon outlived its sandbox"
+    assert not root.exists() or not any(root.iterdir()), "workspaces outlived the pool"
+    assert (template / "src" / "task.txt").read_text() == "task\n"
+    if backend != "process-group":
+        assert bombs == 10, "the pids limit is enforced here: every bomb must run"

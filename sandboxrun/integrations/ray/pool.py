@@ -341,7 +341,7 @@ class SandboxPool:
 
         with self._lock:
             starting = {s.start_ref: s for s in self._slots if s.state == "starting"}
-            refs = [*starting, *self._runs]
+            refs = [*starting, *(ref for ref, run in self._runs.items() if not run.waited)]
             if not refs:
                 self._fill()
         if not refs:
@@ -604,6 +604,9 @@ class RayRun:
         self.options = options
         self.began = time.monotonic()
         self._result: ExecResult | None = None
+        self.waited = False
+        """A caller waits in ``result``, which takes the result in (the pool's waits leave
+        it out: one waiter per ref)."""
         self._cancelled = False
         self._done = threading.Event()
 
@@ -622,12 +625,23 @@ class RayRun:
 
     def result(self, timeout_s: float | None = None) -> ExecResult:
         """The command's result (``TimeoutError`` past ``timeout_s``: it still runs)."""
+        import ray
+
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self._done.is_set():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"the command was still running after {timeout_s:g}s")
-            self.pool._pump(POLL_S if left is None else min(POLL_S, left))
+        self.waited = True
+        try:
+            while not self._done.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"the command was still running after {timeout_s:g}s")
+                wait = KEEP_S if left is None else min(KEEP_S, left)
+                ended, _ = ray.wait([self.ref], timeout=wait)
+                if ended:
+                    with self.pool._lock:
+                        self.pool._runs.pop(self.ref, None)
+                        self._collect()
+        finally:
+            self.waited = False  # (a caller that gave up: the pool's waits take it in)
         assert self._result is not None
         return self._result
 
