@@ -199,6 +199,7 @@ def test_a_killed_actor_never_runs_its_command_twice(
     try:
         sub = driver.expect("submitted")
         assert wait_until(lambda: len(processes_mentioning("9410001.5")) >= 2, 30)
+        assert containers_owned_by(sub["pid"]), "the actor's sandbox has no container"
         os.kill(sub["pid"], signal.SIGKILL)
         killed = time.monotonic()
         assert wait_until(lambda: not processes_mentioning("9410001.5"), 5)
@@ -311,6 +312,7 @@ def test_a_killed_driver_leaves_nothing(cluster: ray_cluster.Cluster, marks: Pat
     try:
         sub = driver.expect("submitted")
         assert wait_until(lambda: len(processes_mentioning("9410003.5")) >= 4, 30)
+        assert all(containers_owned_by(p) for p in sub["pids"]), "a slot without a container"
     finally:
         driver.kill()
     assert wait_until(lambda: not processes_mentioning("9410003.5"), 10)
@@ -327,22 +329,38 @@ def test_remote_timeout_and_cancel_leave_no_survivor(
     got = run_driver(
         cluster,
         f"""
-        with pool(size=1, limits=None) as p:
+        def count():
+            return int(os.popen("pgrep -f 'sleep 941000[4].5' | wc -l").read().strip())
+
+        def until_none():
+            deadline = time.monotonic() + 10
+            while count() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return count()
+
+        with pool(size=1, fresh=False) as p:  # (the slot's one sandbox: nothing replaces it)
             timed = res(p.exec({hostile!r}, timeout=1))
+            after_timeout = until_none()
             run = p.submit({hostile!r})
-            time.sleep(2)
+            deadline = time.monotonic() + 30
+            while count() < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            running = count()
             run.cancel()
             cancelled = res(run.result())
-            left = os.popen("pgrep -f 9410004.5 | wc -l").read().strip()
+            after_cancel = until_none()
             after = res(p.exec("echo next"))
-        say("done", timed=timed, cancelled=cancelled, after=after)
+        say("done", timed=timed, cancelled=cancelled, after=after, running=running,
+            after_timeout=after_timeout, after_cancel=after_cancel)
         """,
         args(cluster, marks),
     )
     assert got["timed"]["status"] == "timed_out", got["timed"]
     assert got["cancelled"]["status"] == "cancelled", got["cancelled"]
     assert got["after"]["stdout"] == "next\n"
-    assert wait_until(lambda: not processes_mentioning("9410004.5"), 10)
+    assert got["running"] >= 2, got  # the command and its setsid child, both seen running
+    assert got["after_timeout"] == 0 and got["after_cancel"] == 0, got  # before any close
+    assert not processes_mentioning("9410004.5")
 
 
 def test_a_node_without_docker_is_barred_and_work_goes_elsewhere(
@@ -492,3 +510,42 @@ def loopback(peer: str) -> bool:
 )
 def test_what_counts_as_loopback(peer: str, ok: bool) -> None:
     assert loopback(peer) is ok
+
+
+def test_a_cancel_while_waiting_for_a_sandbox_and_bad_input_cost_no_slot(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """A command cancelled while its ``fresh`` slot still opens its next sandbox gives that
+    sandbox back (the next command runs at once, not after the open timeout); a command the
+    slot refuses for what it is (a bad variable name) is ``spawn_error`` and costs no slot;
+    an argument Ray cannot carry is a ``ConfigError`` on the driver and frees the slot."""
+    got = run_driver(
+        cluster,
+        """
+        from sandboxrun import ConfigError
+        with pool(size=1, open_timeout_s=60) as p:
+            p.exec("true")  # the slot now opens its next sandbox
+            run = p.submit("echo never")
+            run.cancel()
+            first = res(run.result())
+            t = time.monotonic()
+            after = res(p.exec("echo next"))
+            took = time.monotonic() - t
+            bad = res(p.exec(["true"], env={"A=B": "x"}))
+            try:
+                p.submit(["true"], pass_env=(x for x in ["HOME"]))
+                unsent = "sent"
+            except ConfigError as exc:
+                unsent = str(exc)
+            last = res(p.exec("echo fine"))
+            st = p.stats()
+        say("done", first=first, after=after, took=took, bad=bad, unsent=unsent, last=last,
+            lost=st.lost, ready=st.ready)
+        """,
+        args(cluster, marks),
+    )
+    assert got["first"]["status"] == "cancelled", got["first"]
+    assert got["after"]["stdout"] == "next\n" and got["took"] < 20, got
+    assert got["bad"]["status"] == "spawn_error" and "A=B" in got["bad"]["error"], got["bad"]
+    assert "cannot be sent" in got["unsent"], got["unsent"]
+    assert got["last"]["stdout"] == "fine\n" and got["lost"] == 0, got

@@ -109,6 +109,9 @@ def test_commands_are_checked_on_the_driver() -> None:
         ([], {}, "non-empty list"),
         (["a", 1], {}, "non-empty list"),
         (["a"], {"timeout": float("nan")}, "timeout"),
+        ("sleep 1", {"timeout": float("nan")}, "timeout"),
+        (None, {"shell": "true", "timeout": -5}, "timeout"),
+        ("true", {"idle_timeout": "soon"}, "idle_timeout"),
     ]
     for bad, options, says in cases:
         with pytest.raises(ConfigError, match=says):

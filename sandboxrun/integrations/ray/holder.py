@@ -154,15 +154,20 @@ class Holder:
                     held.sandbox = sb
                     held.ready.set()
                     await held.done.wait()
-            except BaseException as exc:
+            except anyio.get_cancelled_exc_class():
+                raise  # (the slot closing)
+            except Exception as exc:  # said to the waiter; never the slot's end
                 held.error = exc
-                raise
             finally:
                 held.ready.set()
                 held.closed.set()
 
         self._group.start_soon(keep)
-        await held.ready.wait()
+        try:
+            await held.ready.wait()
+        except BaseException:  # the waiter cancelled (ray.cancel): the sandbox goes back
+            held.done.set()
+            raise
         if held.sandbox is None:
             raise RuntimeError(f"the slot could not take a sandbox: {held.error}")
         return held
@@ -203,7 +208,11 @@ class Holder:
         """A sandbox of the session's own, kept until ``session_end`` (the shared sandbox of
         a slot that is not ``fresh`` is closed first: the session's is new)."""
         self._drop_shared()
-        self._sessions[session] = await self._take()
+        self._sessions[session] = await self._take()  # (cancelled: nothing kept)
+
+    async def alive(self) -> None:
+        """Returns when the slot stops: the driver waits on it to see an idle slot's loss."""
+        await self._stop.wait()
 
     async def session_exec(
         self, session: str, argv: list[str] | None, options: dict[str, Any]

@@ -18,7 +18,6 @@ A per-node ``Reaper`` removes what a SIGKILLed owner left on its node.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 import uuid
@@ -34,7 +33,7 @@ from sandboxrun.api.request import new_run_id
 from sandboxrun.api.sandbox import Sandbox
 from sandboxrun.engine import results
 from sandboxrun.engine.results import RunFacts
-from sandboxrun.errors import ConfigError, PoolExhaustedError
+from sandboxrun.errors import ConfigError, InputError, PoolExhaustedError
 from sandboxrun.integrations.ray import placement
 from sandboxrun.integrations.ray.holder import EXEC_OPTIONS, Holder
 from sandboxrun.integrations.ray.reaper import Reaper
@@ -65,6 +64,11 @@ class Slot:
     pid: int | None = None
     backend: str | None = None
     started: float = field(default_factory=time.monotonic)
+    released: float = 0.0
+    """When it last became ready (the one ready longest is handed out first: a ``fresh``
+    slot just released is still opening its next sandbox)."""
+    watch_ref: Any = None
+    """``Holder.alive``: ends (with an error) when the slot's actor or node is lost."""
 
 
 @dataclass(frozen=True)
@@ -185,12 +189,18 @@ class SandboxPool:
             Sandbox(probe, **self.sandbox_options)  # a bad option raises here, on the driver
         self._holder_class = ray.remote(Holder)
         self._open = True
+        try:
+            return self._open_slots()
+        except BaseException:
+            self.close()  # (what was started: slots, reapers, the keeper)
+            raise
+
+    def _open_slots(self) -> Self:
         nodes = self._nodes()
         if self.size is None:
             assert self.per_node is not None
             self.size = placement.capacity(nodes, self.per_node)
             if self.size < 1:
-                self._open = False
                 raise PoolExhaustedError(
                     f"no node of the Ray cluster offers {placement.SLOT} "
                     "(start nodes with ray start --resources "
@@ -210,9 +220,7 @@ class SandboxPool:
             self._pump(POLL_S)
         with self._lock:
             if not any(s.state == "ready" for s in self._slots):
-                message = self._exhausted("opening the pool")
-                self.close()
-                raise PoolExhaustedError(message)
+                raise PoolExhaustedError(self._exhausted("opening the pool"))
         return self
 
     def _keep(self) -> None:
@@ -248,7 +256,12 @@ class SandboxPool:
                 run.cancel()
         stops = {s.actor.stop.remote(): s for s in slots}
         with contextlib.suppress(Exception):
-            ready, _ = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_WAIT_S)
+            ready, late = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_WAIT_S)
+            for ref in late:
+                self.close_errors.append(
+                    f"a slot on {stops[ref].host} did not stop within {STOP_WAIT_S:g}s: "
+                    "killed (its sandbox ends with it)"
+                )
             for ref in ready:
                 try:
                     self.close_errors += ray.get(ref)
@@ -341,7 +354,13 @@ class SandboxPool:
 
         with self._lock:
             starting = {s.start_ref: s for s in self._slots if s.state == "starting"}
-            refs = [*starting, *(ref for ref, run in self._runs.items() if not run.waited)]
+            watched = {
+                s.watch_ref: s
+                for s in self._slots
+                if s.watch_ref is not None and s.state not in ("lost", "closed")
+            }
+            runs = [ref for ref, run in self._runs.items() if not run.waited]
+            refs = [*starting, *watched, *runs]
             if not refs:
                 self._fill()
         if not refs:
@@ -354,6 +373,8 @@ class SandboxPool:
             for ref in done:
                 if ref in starting:
                     self._started(starting[ref], ref)
+                elif ref in watched:
+                    self._watch_ended(watched[ref], ref)
                 elif ref in self._runs:
                     self._runs.pop(ref)._collect()
             self._check_starting(list(starting.values()))
@@ -374,6 +395,22 @@ class SandboxPool:
             elif now - slot.started > self.open_timeout_s + 10:
                 why = f"its slot did not start within {self.open_timeout_s:g}s"
                 self._lose(slot, why, count=False)
+
+    def _watch_ended(self, slot: Slot, ref: Any) -> None:
+        """The slot's ``alive`` call ended: it stopped or was lost. A busy slot's loss is
+        its run's to report (``_collect``); an idle one is given up here, before a command
+        is sent to it."""
+        import ray
+
+        slot.watch_ref = None
+        if self._closed or slot.state != "ready":
+            return
+        try:
+            ray.get(ref, timeout=10)
+            why = f"its actor on {slot.host} stopped"
+        except Exception as exc:
+            why = self._lost_why(slot, exc)
+        self._lose(slot, why)
 
     def _started(self, slot: Slot, ref: Any) -> None:
         import ray
@@ -399,6 +436,8 @@ class SandboxPool:
         self._failed_in_a_row = 0
         slot.pid, slot.backend = identity["pid"], identity["backend"]
         slot.state = "ready"
+        slot.released = time.monotonic()
+        slot.watch_ref = slot.actor.alive.remote()
         self._counts["started"] += 1
 
     def _back_off(self) -> None:
@@ -417,7 +456,8 @@ class SandboxPool:
         self._suspect[slot.node_id] = time.monotonic()
         with contextlib.suppress(Exception):
             ray.kill(slot.actor, no_restart=True)
-        self._sweep(slot.node_id)
+        with contextlib.suppress(Exception):
+            self._sweep(slot.node_id)
 
     def _lost_why(self, slot: Slot, exc: BaseException) -> str:
         node_alive = any(n.node_id == slot.node_id and n.alive for n in self._nodes())
@@ -434,10 +474,11 @@ class SandboxPool:
             with self._lock:
                 if not self._open or self._closed:
                     raise RuntimeError("the Ray SandboxPool is not open")
-                for slot in self._slots:
-                    if slot.state == "ready":
-                        slot.state = state
-                        return slot
+                ready = [s for s in self._slots if s.state == "ready"]
+                if ready:
+                    slot = min(ready, key=lambda s: s.released)
+                    slot.state = state
+                    return slot
                 if not self._possible():
                     raise PoolExhaustedError(self._exhausted("no node can take a slot"))
             left = deadline - time.monotonic()
@@ -463,6 +504,7 @@ class SandboxPool:
     def _release(self, slot: Slot) -> None:
         if slot.state in ("busy", "session"):
             slot.state = "ready"
+            slot.released = time.monotonic()
 
     # -- running ---------------------------------------------------------------------------------
     def submit(
@@ -472,10 +514,18 @@ class SandboxPool:
         its ``RayRun``. ``options``: ``Sandbox.exec``'s (``shell``, ``timeout``, ``env``,
         ``stdin``, ``workdir``, ...)."""
         args, options = command(argv, options)
+        if acquire_timeout_s is not None:
+            check_wait(acquire_timeout_s, "acquire_timeout_s", zero=True)
         slot = self._take(acquire_timeout_s, state="busy")
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the Ray SandboxPool was closed")
+            try:
+                ref = slot.actor.exec.remote(args, options)
+            except Exception as exc:  # (nothing was sent: an argument Ray cannot carry)
+                self._release(slot)
+                raise ConfigError(f"the command cannot be sent to a node: {exc}") from exc
             self._counts["runs"] += 1
-            ref = slot.actor.exec.remote(args, options)
             run = RayRun(self, slot, ref, args, options)
             self._runs[ref] = run
         return run
@@ -495,6 +545,8 @@ class SandboxPool:
         self, commands: Sequence[Command], *, max_in_flight: int | None = None, **options: Any
     ) -> Iterator[ExecResult]:
         """``map``, yielding each result as soon as it and those before it are in."""
+        if not self._open:
+            raise RuntimeError("the Ray SandboxPool is not open")
         limit = self.size if max_in_flight is None else max_in_flight
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigError(f"max_in_flight must be a whole number of at least 1, got {limit!r}")
@@ -522,6 +574,8 @@ class SandboxPool:
         on: it is never moved, its state would be gone."""
         import ray
 
+        if acquire_timeout_s is not None:
+            check_wait(acquire_timeout_s, "acquire_timeout_s", zero=True)
         slot = self._take(acquire_timeout_s, state="session")
         name = uuid.uuid4().hex
         session = RaySession(self, slot, name)
@@ -530,6 +584,14 @@ class SandboxPool:
                 ray.get(slot.actor.session_begin.remote(name), timeout=self.open_timeout_s)
             except ray.exceptions.RayActorError as exc:
                 session._lost(exc)
+            except BaseException as exc:  # not begun (or begun late): the slot is not trusted
+                with self._lock:
+                    why = f"its slot on {slot.host} could not begin a session: {first_line(exc)}"
+                    self._lose(slot, why)
+                    session.lost = why
+                if isinstance(exc, Exception):
+                    raise PoolExhaustedError(f"no session: {why}") from exc
+                raise
             yield session
         finally:
             if session.lost is None:
@@ -617,8 +679,8 @@ class RayRun:
         """Cancel the command (nothing when it has ended)."""
         import ray
 
-        if self._done.is_set():
-            return
+        if self._done.is_set() or self._cancelled:
+            return  # (once: a second cancel would break into the first one's cleanup)
         self._cancelled = True
         with contextlib.suppress(Exception):
             ray.cancel(self.ref)
@@ -627,6 +689,8 @@ class RayRun:
         """The command's result (``TimeoutError`` past ``timeout_s``: it still runs)."""
         import ray
 
+        if timeout_s is not None:
+            check_wait(timeout_s, "timeout_s", zero=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self.waited = True
         try:
@@ -653,7 +717,23 @@ class RayRun:
             return
         pool, slot = self.pool, self.slot
         try:
-            got = ray.get(self.ref, timeout=0)
+            self._take_in(ray)
+        except Exception as exc:  # (the control plane failing while we look): said, never hung
+            if self._result is None:
+                self._result = self._made(
+                    "sandbox_error", f"its result was lost: {first_line(exc)}"
+                )
+            with contextlib.suppress(Exception):
+                pool._lose(slot, f"its result was lost: {first_line(exc)}")
+        finally:
+            if self._result is None:
+                self._result = self._made("sandbox_error", "its result was lost")
+            self._done.set()
+
+    def _take_in(self, ray: Any) -> None:
+        pool, slot = self.pool, self.slot
+        try:
+            got = ray.get(self.ref, timeout=30)
             if not isinstance(got, ExecResult):
                 raise TypeError(f"a slot returned {type(got).__name__}, not an ExecResult")
             self._result = got
@@ -661,13 +741,21 @@ class RayRun:
         except ray.exceptions.TaskCancelledError:
             self._result = self._made("cancelled", "cancelled on the driver (ray.cancel)")
             pool._release(slot)
+        except ray.exceptions.ActorUnavailableError as exc:
+            why = (
+                f"its sandbox's actor on {slot.host} became unreachable "
+                f"({first_line(exc)}); it was killed (its sandbox ends with it), and the "
+                "command, which may have started, was not run again"
+            )
+            self._result = self._made("sandbox_error", why)
+            pool._lose(slot, why)
         except ray.exceptions.RayActorError as exc:
             why = pool._lost_why(slot, exc)
             self._result = self._made("sandbox_error", f"{why}; the command was not run again")
             pool._lose(slot, why)
         except ray.exceptions.RayTaskError as exc:  # the slot refused the command
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-            if isinstance(cause, (TypeError, ValueError, ConfigError)):
+            if refused(cause):
                 self._result = self._made("spawn_error", first_line(cause))
                 pool._release(slot)
             else:
@@ -678,7 +766,6 @@ class RayRun:
             why = f"its result was lost on {slot.host}: {first_line(exc)}"
             self._result = self._made("sandbox_error", why)
             pool._lose(slot, why)
-        self._done.set()
 
     def _made(self, status: Status, error: str) -> ExecResult:
         """The result the driver gives a command whose slot could not say (its actor lost,
@@ -737,7 +824,11 @@ class RaySession:
                 self._lost(exc)
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-                return run._made("spawn_error", first_line(cause))
+                if refused(cause):
+                    return run._made("spawn_error", first_line(cause))
+                with self.pool._lock:
+                    self.lost = f"its slot on {self.host} failed: {first_line(cause)}"
+                    self.pool._lose(self.slot, self.lost)
         return run._made(
             "sandbox_error", f"the session's sandbox is lost: {self.lost}; it is not moved"
         )
@@ -753,6 +844,9 @@ def command(
             f"a Ray pool's exec takes no {', '.join(sorted(unknown))} (a callable cannot "
             "cross to the node; these are taken: " + ", ".join(sorted(EXEC_OPTIONS)) + ")"
         )
+    for name in ("timeout", "idle_timeout"):
+        if options.get(name) is not None:
+            check_wait(options[name], name, zero=False)
     options = dict(options)
     if isinstance(argv, str):
         if "shell" in options:
@@ -766,10 +860,12 @@ def command(
     args = list(argv)
     if not args or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"an argv is a non-empty list of strings, got {argv!r}")
-    timeout = options.get("timeout")
-    if timeout is not None and not (isinstance(timeout, (int, float)) and math.isfinite(timeout)):
-        raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
     return args, options
+
+
+def refused(exc: BaseException) -> bool:
+    """The slot refused the command for what it is (bad input: nothing of the slot broke)."""
+    return isinstance(exc, (TypeError, ValueError, InputError))
 
 
 def first_line(exc: BaseException) -> str:
