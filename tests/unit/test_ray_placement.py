@@ -142,3 +142,15 @@ def test_opening_without_ray_init_says_so() -> None:
     assert not ray.is_initialized()
     with pytest.raises(ConfigError, match=r"call ray.init\(\) first"):
         SandboxPool(size=1, backend="process-group").open()
+
+
+def test_mount_sources_are_the_nodes_to_check() -> None:
+    pytest.importorskip("ray")
+    from sandboxrun import Mount, Policy
+    from sandboxrun.integrations.ray.pool import driver_checkable
+
+    policy = Policy(mounts=(Mount(source="/only/on/the/nodes", target="/data"),), network="on")
+    checked = driver_checkable({"policy": policy, "backend": "docker"})
+    assert checked["policy"].mounts == () and checked["policy"].network == "on"
+    assert checked["backend"] == "docker"
+    assert driver_checkable({"backend": "docker"}) == {"backend": "docker"}

@@ -37,7 +37,7 @@ from sandboxrun.errors import ConfigError, InputError, PoolExhaustedError
 from sandboxrun.integrations.ray import placement
 from sandboxrun.integrations.ray.holder import EXEC_OPTIONS, Holder
 from sandboxrun.integrations.ray.reaper import Reaper
-from sandboxrun.models import BackendName, ExecResult, Status
+from sandboxrun.models import BackendName, ExecResult, Policy, Status, replaced
 
 State = Literal["starting", "ready", "busy", "session", "lost", "closed"]
 Command = Sequence[str] | str
@@ -186,7 +186,7 @@ class SandboxPool:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="sandboxrun-pool-check-") as probe:
-            Sandbox(probe, **self.sandbox_options)  # a bad option raises here, on the driver
+            Sandbox(probe, **driver_checkable(self.sandbox_options))  # a bad option: here
         self._holder_class = ray.remote(Holder)
         self._open = True
         try:
@@ -861,6 +861,16 @@ def command(
     if not args or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"an argv is a non-empty list of strings, got {argv!r}")
     return args, options
+
+
+def driver_checkable(options: dict[str, Any]) -> dict[str, Any]:
+    """The sandbox options the driver can check for the nodes: all but the mounts' sources,
+    which are the nodes' paths (each node checks them when its slot opens, and a node where
+    one is missing is barred with that error)."""
+    policy = options.get("policy")
+    if isinstance(policy, Policy) and policy.mounts:
+        return {**options, "policy": replaced(policy, mounts=())}
+    return options
 
 
 def refused(exc: BaseException) -> bool:
