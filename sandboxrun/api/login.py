@@ -182,6 +182,11 @@ class Logins:
         self._locks: dict[Key, tuple[anyio.Lock, int]] = {}
         """Per key, while some command takes or waits for its snapshot: the lock, how many."""
 
+    def rebase(self, base: Callable[[], Mapping[str, str]]) -> None:
+        """Take later snapshots with ``base`` (a pooled sandbox's snapshots handed to the
+        ``Sandbox`` object of its next holder: the same environment, built by it)."""
+        self._base = base
+
     async def resolve(self, request: ExecRequest, run: Run) -> tuple[ExecRequest, str | None]:
         """``request`` with its login shell and snapshot filled in (taken first if needed by
         ``run``, a raw request at the workspace root, in the command's scope: a cancellation

@@ -8,8 +8,12 @@ names what the pool holds and its last failure). A released sandbox is never han
 again: it is closed in the background (every process of it killed, its container removed,
 its workspace deleted) while a fresh one opens in its place, so nothing a command left (a
 process, a file in ``/tmp``, a change to the workspace, a tainted root) can reach the next
-holder. Opens run ``open_concurrency`` at a time; a failed one is retried with a growing pause
-(at most ``MAX_RETRY_S``), and waiting acquirers see its error.
+holder. With ``reset=True`` a released sandbox whose holder only ran plain commands is
+instead reset in place where that can be checked (``api.pool_reset``: every process killed,
+the scratch directories emptied, every other writable file system as it was made, the
+workspace refilled), in milliseconds, and handed on as a new ``Sandbox`` object; any doubt
+discards it as above. Opens run ``open_concurrency`` at a time; a failed one is retried with
+a growing pause (at most ``MAX_RETRY_S``), and waiting acquirers see its error.
 
 The pool's background work is one anyio task group: ``async with SandboxPool(...) as pool``
 (or ``await pool.open()`` / ``await pool.aclose()`` in the same task, no scope entered in
@@ -40,7 +44,9 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from sandboxrun.api import pool_reset
 from sandboxrun.api.sandbox import Sandbox
+from sandboxrun.engine.capture.spill import SpillSession
 from sandboxrun.errors import ConfigError, PoolExhaustedError, SandboxrunError
 
 log = logging.getLogger("sandboxrun")
@@ -81,6 +87,13 @@ class PoolStats:
     backend: str | None = None
     """The backend the pool's sandboxes opened on (the one ``auto`` chose), None before the
     first opened."""
+    reset: int = 0
+    """Released and handed on in place (``reset=True``)."""
+    resetting: int = 0
+    """Released, being reset."""
+    last_discard_reason: str | None = None
+    """With ``reset=True``: why the last released sandbox that was discarded could not be
+    reset in place (or why this pool's sandboxes never can be)."""
 
 
 class SandboxPool:
@@ -89,7 +102,9 @@ class SandboxPool:
     made (a private directory under the system's temporary one by default).
     ``sandbox_options``: what each ``Sandbox`` is made with (``backend``, ``image``,
     ``policy``, ``limits``, ``env``, ...), as ``Sandbox(...)`` takes them (checked at
-    ``open``: a bad one is refused there, not retried)."""
+    ``open``: a bad one is refused there, not retried). ``reset``: hand a released sandbox
+    on in place when that can be checked (``api.pool_reset``), else discard it; either way
+    a holder's calls after its block fail as on a closed ``Sandbox``."""
 
     def __init__(
         self,
@@ -99,6 +114,7 @@ class SandboxPool:
         acquire_timeout_s: float = 60.0,
         open_concurrency: int = 2,
         root: Path | str | None = None,
+        reset: bool = False,
         **sandbox_options: Any,
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -126,6 +142,15 @@ class SandboxPool:
         self.acquire_timeout_s = acquire_timeout_s
         self.open_concurrency = open_concurrency
         self.sandbox_options = sandbox_options
+        if not isinstance(reset, bool):
+            raise ConfigError(f"reset must be True or False, got {reset!r}")
+        self.reset = reset
+        self._baselines: dict[Sandbox, pool_reset.Baseline] = {}
+        """The ready and held sandboxes that may be reset in place, with their baselines."""
+        self._resetting = 0
+        self._spills: dict[Sandbox, SpillSession | None] = {}
+        """The spill directories of released sandboxes handed on, until they are closed."""
+        self._discard_reason: str | None = None
         self.close_errors: list[str] = []
         """What closing a sandbox or removing a workspace could not do, one sentence each."""
         self._root_given = None if root is None else Path(root)
@@ -146,7 +171,7 @@ class SandboxPool:
         """Set when the pool may be short of sandboxes (the filler looks again)."""
         self._closing = False
         self._closed = anyio.Event()
-        self._counts = {"opened": 0, "discarded": 0, "failed_opens": 0, "acquired": 0}
+        self._counts = {"opened": 0, "discarded": 0, "failed_opens": 0, "acquired": 0, "reset": 0}
         self._waiting = 0
         self._waits: deque[float] = deque(maxlen=WAITS_KEPT)
         self._last_error: str | None = None
@@ -233,10 +258,11 @@ class SandboxPool:
             yield sb
         finally:
             self._held.discard(sb)
+            handed = self._retire(sb)  # (at once: the holder's reference is dead from here)
             if self._group is not None and not self._closing:
-                self._group.start_soon(self._release, sb)
+                self._group.start_soon(self._release, sb, handed)
             else:
-                await self._release(sb)
+                await self._release(sb, handed)
 
     async def _take(self, timeout_s: float) -> Sandbox:
         if self._group is None or self._closing:
@@ -290,6 +316,9 @@ class SandboxPool:
             acquire_wait_max_s=max(waits) if waits else None,
             last_error=self._last_error,
             backend=self._backend,
+            reset=self._counts["reset"],
+            resetting=self._resetting,
+            last_discard_reason=self._discard_reason,
         )
 
     # -- filling -------------------------------------------------------------------------------
@@ -319,6 +348,13 @@ class SandboxPool:
             warm = await sb.exec(["true"])  # the login-shell snapshot taken now, not at first use
             if not warm.ok:
                 raise PoolOpenError(f"its first command ended {warm.status}: {warm.error or ''}")
+            if self.reset:
+                base, why = await pool_reset.baseline(sb)
+                if base is not None:
+                    self._baselines[sb] = base
+                elif why != self._discard_reason:
+                    self._discard_reason = why
+                    log.info("sandboxrun: pooled sandboxes are not reset in place: %s", why)
         except anyio.get_cancelled_exc_class():
             self._opening -= 1
             await self._discard(sb, workspace, failed=True)
@@ -352,8 +388,62 @@ class SandboxPool:
         elif template is not None:
             template(path)
 
-    async def _release(self, sb: Sandbox) -> None:
-        await self._discard(sb, sb.workspace.root)
+    def _retire(self, sb: Sandbox) -> tuple[Sandbox, pool_reset.Baseline] | None:
+        """A released ``sb`` that may be reset in place: a new ``Sandbox`` object on its
+        backend (``Sandbox._adopt``), to be reset, and the baseline; None when it is
+        discarded (why: ``last_discard_reason``). No await: the released object is closed
+        for its holder before the holder's next step, whatever happens next."""
+        sb._retired = True  # (its calls fail from here; the pool's close of it works)
+        base = self._baselines.pop(sb, None)
+        if base is None or self._closing:
+            return None
+        why = sb._taint or ("a command of it was still running" if sb._inflight else None)
+        if why is None:
+            try:
+                fresh = Sandbox(sb.workspace.root, **self.sandbox_options)
+                self._spills[fresh] = fresh._adopt(sb)
+            except Exception as exc:  # (the workspace gone, say): discarded
+                why = f"it could not be handed on: {type(exc).__name__}: {exc}"
+            else:
+                self.close_errors += sb.close_errors
+                self._every.discard(sb)
+                self._every.add(fresh)
+                return fresh, base
+        self._discard_reason = why
+        return None
+
+    async def _release(
+        self, sb: Sandbox, handed: tuple[Sandbox, pool_reset.Baseline] | None = None
+    ) -> None:
+        """Reset ``handed`` (``_retire``) and put it among the ready ones, or close and
+        replace ``sb`` (or the reset one when its reset finds it unclean)."""
+        if handed is None:
+            await self._discard(sb, sb.workspace.root)
+            return
+        fresh, base = handed
+        with anyio.CancelScope(shield=True):  # (bounded: the listing's timeout)
+            spill = self._spills.pop(fresh, None)
+            if spill is not None:
+                keep = sb.keep_spill
+                await anyio.to_thread.run_sync(lambda: spill.close(keep=keep))
+            self._resetting += 1
+            try:
+                why = await pool_reset.reset(fresh, base, self._fill_workspace)
+            except Exception as exc:  # never the pool's end: discarded
+                why = f"its reset failed: {type(exc).__name__}: {exc}"
+            finally:
+                self._resetting -= 1
+        if why is None and not self._closing:
+            self._baselines[fresh] = base
+            try:
+                self._send.send_nowait(fresh)
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._baselines.pop(fresh, None)
+            else:
+                self._counts["reset"] += 1
+                return
+        self._discard_reason = why or self._discard_reason
+        await self._discard(fresh, fresh.workspace.root)
 
     async def _discard(
         self,

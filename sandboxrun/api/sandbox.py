@@ -30,6 +30,7 @@ from sandboxrun.api import files
 from sandboxrun.api import request as prepared
 from sandboxrun.api.jobs import MAX_ENDED_JOBS, Job
 from sandboxrun.api.login import Logins, NotRun
+from sandboxrun.api.pool_reset import taint_of
 from sandboxrun.api.shell import SHELL_ENV, Shell
 from sandboxrun.api.terminal import MAX_TERMINALS, Terminal
 from sandboxrun.engine import denial, results
@@ -162,6 +163,12 @@ class Sandbox:
         """This sandbox's spill directory while open (None: spilling straight to the root)."""
         self._spill_owned = True
         """False for an escalation's re-run sandbox: it spills into its parent's directory."""
+        self._taint: str | None = None
+        self._retired = False
+        """Handed back to its pool (``SandboxPool``): closed for its holder at once, whether
+        the pool closes it or hands its backend on (``_adopt``)."""
+        """Why this sandbox may not be handed to another holder in place (a pool's reset,
+        ``api.pool_reset``): the first thing beyond a plain command that ended on its own."""
         if isinstance(backend, str) and backend != "auto":
             backends.check_name(backend)
 
@@ -179,6 +186,8 @@ class Sandbox:
 
     @property
     def backend(self) -> backends.Backend:
+        if self._retired:
+            raise RuntimeError(RETIRED)
         if self._backend is None:
             raise RuntimeError("the Sandbox is not open: use `async with Sandbox(...) as sb`")
         return self._backend
@@ -478,6 +487,8 @@ class Sandbox:
     ) -> ExecRequest:
         """Validate one command into an ``ExecRequest``. No process is started.
         ``idle_timeout`` overrides ``Limits.idle_timeout_s`` for this command."""
+        if self._retired:  # (before the workspace is looked at: the pool is refilling it)
+            raise RuntimeError(RETIRED)
         defaults = prepared.Defaults(
             workspace=self.workspace,
             policy=self.policy,
@@ -747,6 +758,7 @@ class Sandbox:
             if isinstance(stdin, StdinStream):
                 stdin.abort()  # (nothing will ever read it)
             raise
+        self._taint = self._taint or "it ran a job or a terminal"
         return request
 
     def jobs(self) -> list[Job]:
@@ -903,6 +915,7 @@ class Sandbox:
                     if finished.cancelled is not None:
                         raise finished.cancelled
         except anyio.get_cancelled_exc_class():
+            self._taint = self._taint or "a command of it was cancelled"
             if result is None:  # the caller's cancellation, before the command started
                 self.last_result = self._masked(
                     results.unstarted(facts, *unstarted, started), request
@@ -921,7 +934,29 @@ class Sandbox:
             result = results.unstarted(facts, *unstarted, started)
         result = self._masked(self._diagnose(result, request), request)
         self.last_result = result
+        self._taint = self._taint or taint_of(result)
         return result
+
+    def _adopt(self, old: Sandbox) -> SpillSession | None:
+        """Take over ``old``'s open backend and login snapshots: a pooled sandbox handed to
+        its next holder in place (``api.pool_reset``). ``old`` is closed for its holder from
+        now on (its calls fail as on a closed ``Sandbox``); this one gets a spill directory
+        of its own, and ``old``'s is returned for the caller to close (it blocks). ``old``
+        must be idle (no run, job or terminal) and this one made alike and never opened."""
+        if old._inflight or old._jobs or old._terminals or old._backend is None:
+            raise RuntimeError("only an idle, open Sandbox can be handed on")
+        if self._opened or self._closed is not None:
+            raise RuntimeError("a Sandbox takes over another only before it is opened")
+        self._backend, old._backend = old._backend, None
+        old._retired = True
+        self._opened = True
+        self.fallback_reason = old.fallback_reason
+        self._logins = old._logins
+        self._logins.rebase(self._base)
+        self._warned = set(old._warned)
+        spill, old._spill = old._spill, None
+        self._open_spill()
+        return spill if old._spill_owned else None
 
     @staticmethod
     def _masked(result: ExecResult, request: ExecRequest) -> ExecResult:
@@ -957,6 +992,12 @@ class Sandbox:
         if finished.cancelled is not None:
             raise finished.cancelled
         return finished.result
+
+
+RETIRED = (
+    "this Sandbox was handed back to its pool: it is not open for its holder any more (use "
+    "a pooled sandbox only inside its `pool.acquire()` block)"
+)
 
 
 def run(

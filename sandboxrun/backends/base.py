@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sandboxrun.backends.local.isolation import HostSupport
 
@@ -119,6 +119,21 @@ class Backend(Protocol):
     async def close(self) -> list[str]:
         """Release everything; bounded, safe to call twice. Returns what could not be
         released (a container left behind), one sentence each."""
+
+
+@runtime_checkable
+class Resettable(Protocol):
+    """A backend whose open sandbox a pool may hand to its next holder in place
+    (``api.pool_reset``): the processes of the sandbox are all visible to it, and its scratch
+    directories are its own."""
+
+    scratch: tuple[str, ...]
+    """Directories private to the sandbox that its commands may write, empty at open."""
+
+    def strays(self) -> int | None:
+        """With no run in progress: kill every process of the sandbox beyond its own and say
+        how many could not be; None when that cannot be known. Blocking."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -630,6 +630,20 @@ class DockerBackend:
         self._oom_before[run_id] = oom_before
         return run
 
+    scratch = (cfg.TMP, cfg.VAR_TMP, cfg.HOME, "/dev/shm", "/dev/mqueue")  # noqa: S108
+    """The container's own scratch directories (tmpfs, and the IPC namespace's file systems):
+    empty when it starts, emptied again between two holders of a pooled sandbox
+    (``api.pool_reset``)."""
+
+    def strays(self) -> int | None:
+        """With no run in progress: SIGKILL every process of the container beyond its own
+        (its cgroup: nothing hides from it) and return how many could not be killed; None
+        when they cannot be seen (a remote engine, the engine's exec path) or a run is in
+        progress. Blocking (up to a second): call it in a thread."""
+        if self.session.active or not self.session.cgroup_procs or not self.session.init_pid:
+            return None
+        return self._leftovers("", kill=True)
+
     async def _verify(self, run_id: str) -> int:
         if not self._leftovers(run_id, kill=False):  # one cgroup read: no thread needed
             return 0

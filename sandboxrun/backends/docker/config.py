@@ -27,6 +27,8 @@ BASE_IMAGE = f"{BASE_REPO}:latest"
 """The image the docker backend runs by default (``sandboxrun image build`` makes it)."""
 LABEL = "sandboxrun.managed"
 HOME = "/home/sandbox"
+TMP = "/tmp"  # noqa: S108
+VAR_TMP = "/var/tmp"  # noqa: S108
 TMPFS_OPTS = "rw,nosuid,nodev,size=256m,mode=1777"
 """(The engine adds ``noexec`` unless ``exec`` is given.)"""
 VAR_TMP_OPTS = "rw,exec,nosuid,nodev,size=256m,mode=1777"
@@ -179,7 +181,7 @@ def host_config(
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges", *([f"seccomp={seccomp}"] if seccomp else [])],
         "read_only": policy.root != "writable",
-        "tmpfs": {"/tmp": TMPFS_OPTS, "/var/tmp": var_tmp, HOME: TMPFS_OPTS},  # noqa: S108
+        "tmpfs": {TMP: TMPFS_OPTS, VAR_TMP: var_tmp, HOME: TMPFS_OPTS},
         "pids_limit": limits.pids or DEFAULT_PIDS,
         "mem_limit": memory,
         "memswap_limit": memory,
