@@ -142,7 +142,8 @@ def test_map_returns_every_result_in_order_with_at_most_max_in_flight(
 ) -> None:
     """1,000 commands through ``map`` on four slots: every result, in order. Forty that
     each take 0.3 s with ``max_in_flight=2``: never more than two at once (from the
-    commands' own clocks). With ``fresh`` (the default), no command sees another's file."""
+    commands' own clocks). With ``fresh`` (the default), no command sees another's file; with
+    ``reset`` too, and the slots' sandboxes are reset in place (two containers for twelve)."""
     got = run_driver(
         cluster,
         """
@@ -155,7 +156,11 @@ def test_map_returns_every_result_in_order_with_at_most_max_in_flight(
         with pool(size=2) as p:
             fresh = [r.status for r in p.map(
                 ["test ! -e /tmp/seen && touch /tmp/seen && test ! -e seen && touch seen"] * 12)]
-        say("done", out=out, took=took, spans=spans, fresh=fresh)
+        with pool(size=2, reset=True) as p:
+            reset = [r.stdout for r in p.map(
+                ["test ! -e /tmp/seen && touch /tmp/seen && test ! -e seen && touch seen && "
+                 "cat /etc/hostname"] * 12)]
+        say("done", out=out, took=took, spans=spans, fresh=fresh, reset=reset)
         """,
         args(cluster, marks),
     )
@@ -169,6 +174,9 @@ def test_map_returns_every_result_in_order_with_at_most_max_in_flight(
         most = max(most, running)
     assert most == 2, got["spans"]  # 2 at once (and not 1: the limit is used)
     assert got["fresh"] == ["completed"] * 12
+    # with reset: as fresh (each saw no earlier file), on the slots' two containers, reset
+    assert all(out.strip() for out in got["reset"]), got["reset"]
+    assert len(set(got["reset"])) <= 2, got["reset"]
 
 
 def test_a_killed_actor_never_runs_its_command_twice(

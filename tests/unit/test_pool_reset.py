@@ -171,3 +171,10 @@ def test_restore_empties_the_workspace_without_following_what_a_command_planted(
     assert (ws / "src" / "task.txt").read_text() == "task\n"
     assert (outside / "keep" / "file").read_text() == "mine\n"
     assert ws.stat().st_mode & 0o777 == template.stat().st_mode & 0o777
+
+
+def test_a_local_pool_refuses_a_reset_that_is_not_a_bool() -> None:
+    from sandboxrun import ConfigError, SandboxPool
+
+    with pytest.raises(ConfigError, match="reset must be True or False"):
+        SandboxPool(1, reset="yes")  # type: ignore[arg-type]

@@ -129,6 +129,8 @@ def test_a_pool_refuses_bad_sizes_before_touching_ray() -> None:
         ({"per_node": -1}, "per_node must be"),
         ({"size": 1, "open_timeout_s": 0}, "open_timeout_s"),
         ({"size": 1, "name": "n"}, "takes no 'name'"),
+        ({"size": 1, "reset": "yes"}, "fresh and reset must be True or False"),
+        ({"size": 1, "fresh": 1}, "fresh and reset must be True or False"),
     ]
     for kwargs, says in cases:
         with pytest.raises(ConfigError, match=says):

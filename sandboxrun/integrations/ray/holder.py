@@ -7,7 +7,8 @@ of one asyncio loop, so ``ray.cancel`` reaches a running command as a cancellati
 it the way ``Sandbox.exec`` ends every cancelled run (its whole process tree killed).
 
 Inside, a one-sandbox ``sandboxrun.SandboxPool`` keeps the slot warm: ``fresh`` (each command
-in a sandbox no earlier one touched, replaced in the background after it) or not (commands
+in a sandbox no earlier one touched, replaced in the background after it, or reset in place
+with ``reset``) or not (commands
 share the slot's sandbox, which is replaced only when it broke). A ``session`` holds one
 sandbox of its own from ``session_begin`` to ``session_end``. The actor's owner is this
 worker process: when Ray kills it (its driver died, its node was lost, ``ray.kill``), every
@@ -61,11 +62,14 @@ class Holder:
         root: str | None,
         fresh: bool,
         open_timeout_s: float,
+        reset: bool = False,
     ) -> None:
         self.options = options
         self.template = template
         self.root = root
         self.fresh = fresh
+        self.reset = reset
+        """A released sandbox reset in place where it can be (``SandboxPool(reset=True)``)."""
         self.open_timeout_s = open_timeout_s
         self._pool: SandboxPool | None = None
         self._group: anyio.abc.TaskGroup | None = None
@@ -117,6 +121,7 @@ class Holder:
                 root=self.root,
                 acquire_timeout_s=self.open_timeout_s,
                 open_concurrency=1,
+                reset=self.reset,
                 **self.options,
             ) as pool:
                 self._pool = pool

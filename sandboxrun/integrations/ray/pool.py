@@ -99,8 +99,11 @@ class SandboxPool:
     touched (False: the commands sent to a slot share its sandbox, files and all; processes
     never outlive a command either way). ``workspace``: the template of each sandbox's
     workspace (a directory that exists on every node, a callable run on the node, or None);
-    ``root``: where workspaces are made on each node. ``sandbox_options``: ``Sandbox(...)``'s
-    (``backend``, ``image``, ``policy``, ``limits``, ...)."""
+    ``root``: where workspaces are made on each node. ``reset``: a ``fresh`` slot resets its
+    sandbox in place after a command where that can be checked (``SandboxPool(reset=True)``
+    on one host: milliseconds, not a new sandbox's open), else replaces it.
+    ``sandbox_options``: ``Sandbox(...)``'s (``backend``, ``image``, ``policy``, ``limits``,
+    ...)."""
 
     def __init__(
         self,
@@ -110,6 +113,7 @@ class SandboxPool:
         workspace: Template = None,
         root: str | None = None,
         fresh: bool = True,
+        reset: bool = False,
         open_timeout_s: float = 120.0,
         acquire_timeout_s: float = 300.0,
         reaper: bool = True,
@@ -129,6 +133,8 @@ class SandboxPool:
         for taken in ("workspace", "detach", "name"):
             if taken in sandbox_options:
                 raise ConfigError(f"SandboxPool takes no {taken!r} for its sandboxes")
+        if not isinstance(reset, bool) or not isinstance(fresh, bool):
+            raise ConfigError(f"fresh and reset must be True or False, got {fresh!r}, {reset!r}")
         if isinstance(workspace, Path):
             workspace = str(workspace)
         self.size = size
@@ -136,6 +142,7 @@ class SandboxPool:
         self.template = workspace
         self.root = root
         self.fresh = fresh
+        self.reset = reset
         self.open_timeout_s = open_timeout_s
         self.acquire_timeout_s = acquire_timeout_s
         self.reaper = reaper
@@ -317,7 +324,12 @@ class SandboxPool:
                 resources={placement.SLOT: 1},
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(
-                self.sandbox_options, self.template, self.root, self.fresh, self.open_timeout_s
+                self.sandbox_options,
+                self.template,
+                self.root,
+                self.fresh,
+                self.open_timeout_s,
+                self.reset,
             )
             slot = Slot(actor=actor, node_id=node, host=hosts.get(node, node[:12]))
             slot.start_ref = actor.start.remote()
