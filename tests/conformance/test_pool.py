@@ -341,6 +341,7 @@ PROBE = (
 ``/tmp``'s mode, ``/dev`` and its workspace: the first holder's view is every holder's."""
 
 
+@pytest.mark.timeout(300)
 async def test_reset_in_place_hands_on_only_what_is_clean(
     backend: str, template: Path, tmp_path: Path
 ) -> None:
@@ -352,6 +353,8 @@ async def test_reset_in_place_hands_on_only_what_is_clean(
     timeout) discards it. Elsewhere every release discards (the backend cannot reset). A
     holder's reference is dead after its block, and nothing of any holder outlives the
     pool."""
+    if backend == "systemd-scope":  # (eight slow opens there, the discard path of process-group)
+        pytest.skip("only docker resets in place; process-group covers the discard with its reason")
     marker = f"9{uuid.uuid4().int % 10**6:06d}.5"
     litter = (
         "echo x > /tmp/a; mkdir -p /tmp/d/e; echo x > /tmp/d/e/f; chmod 000 /tmp/d/e /tmp/d; "

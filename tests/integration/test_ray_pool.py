@@ -294,7 +294,11 @@ def test_a_lost_node_never_runs_a_command_twice(
         cluster.forget("sbr-w3")
     result = done["result"]
     assert result["status"] == "sandbox_error", result
-    assert "node sbr-w3" in result["error"] or "sbr-w3 died" in result["error"], result
+    said = result["error"]  # (Ray reports a lost node as the node's, or its actor's, loss)
+    assert any(w in said for w in ("node sbr-w3", "sbr-w3 died", "sbr-w3 became unreachable")), (
+        result
+    )
+    assert "not run again" in said, result
     assert [o["status"] for o in done["others"]] == ["cancelled", "cancelled"], done["others"]
     assert sorted(p.read_text() for p in marks.iterdir()) == ["0\n", "1\n", "2\n"]
     assert done["stats"]["lost"] == 1 and done["stats"]["ready"] == 3, done["stats"]
