@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -148,8 +146,6 @@ class SandboxPool:
         self._baselines: dict[Sandbox, pool_reset.Baseline] = {}
         """The ready and held sandboxes that may be reset in place, with their baselines."""
         self._resetting = 0
-        self._spills: dict[Sandbox, SpillSession | None] = {}
-        """The spill directories of released sandboxes handed on, until they are closed."""
         self._discard_reason: str | None = None
         self.close_errors: list[str] = []
         """What closing a sandbox or removing a workspace could not do, one sentence each."""
@@ -388,43 +384,40 @@ class SandboxPool:
         elif template is not None:
             template(path)
 
-    def _retire(self, sb: Sandbox) -> tuple[Sandbox, pool_reset.Baseline] | None:
+    def _retire(self, sb: Sandbox) -> Handoff | None:
         """A released ``sb`` that may be reset in place: a new ``Sandbox`` object on its
-        backend (``Sandbox._adopt``), to be reset, and the baseline; None when it is
+        backend (``Sandbox._adopt``: only an idle one), to be reset; None when it is
         discarded (why: ``last_discard_reason``). No await: the released object is closed
         for its holder before the holder's next step, whatever happens next."""
         sb._retired = True  # (its calls fail from here; the pool's close of it works)
         base = self._baselines.pop(sb, None)
         if base is None or self._closing:
             return None
-        why = sb._taint or ("a command of it was still running" if sb._inflight else None)
+        why = sb._taint
         if why is None:
             try:
                 fresh = Sandbox(sb.workspace.root, **self.sandbox_options)
-                self._spills[fresh] = fresh._adopt(sb)
-            except Exception as exc:  # (the workspace gone, say): discarded
-                why = f"it could not be handed on: {type(exc).__name__}: {exc}"
+                spill = fresh._adopt(sb)  # (RuntimeError: a command of it still runs)
+            except Exception as exc:  # (or the workspace gone, say): discarded
+                why = f"it could not be handed on: {exc}"
             else:
                 self.close_errors += sb.close_errors
                 self._every.discard(sb)
                 self._every.add(fresh)
-                return fresh, base
+                return Handoff(fresh, base, spill, sb.keep_spill)
         self._discard_reason = why
         return None
 
-    async def _release(
-        self, sb: Sandbox, handed: tuple[Sandbox, pool_reset.Baseline] | None = None
-    ) -> None:
+    async def _release(self, sb: Sandbox, handed: Handoff | None = None) -> None:
         """Reset ``handed`` (``_retire``) and put it among the ready ones, or close and
         replace ``sb`` (or the reset one when its reset finds it unclean)."""
         if handed is None:
             await self._discard(sb, sb.workspace.root)
             return
-        fresh, base = handed
+        fresh, base, spill = handed.sandbox, handed.baseline, handed.spill
         with anyio.CancelScope(shield=True):  # (bounded: the listing's timeout)
-            spill = self._spills.pop(fresh, None)
             if spill is not None:
-                keep = sb.keep_spill
+                keep = handed.keep_spill
                 await anyio.to_thread.run_sync(lambda: spill.close(keep=keep))
             self._resetting += 1
             try:
@@ -489,23 +482,23 @@ class SandboxPool:
     def _remove(self, path: Path) -> None:
         """Remove the tree at ``path``, making its directories writable where a command took
         that away; what is left is said (``close_errors``, the log)."""
-
-        def retry(func: Callable[..., Any], name: str, _: Any) -> None:
-            with suppress(OSError):
-                os.chmod(os.path.dirname(name), 0o700)  # noqa: PTH101, PTH120
-                if os.path.isdir(name):  # noqa: PTH112
-                    os.chmod(name, 0o700)  # noqa: PTH101
-            with suppress(OSError):
-                func(name)
-
-        if sys.version_info >= (3, 12):  # (3.12 renamed the hook)
-            shutil.rmtree(path, onexc=retry)
-        else:
-            shutil.rmtree(path, onerror=retry)
+        pool_reset.remove_tree(path)
         if path.exists():
             message = f"could not remove the pooled workspace {path}"
             self.close_errors.append(message)
             log.warning("sandboxrun: %s", message)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A released sandbox on its way to the next holder (``SandboxPool._retire``)."""
+
+    sandbox: Sandbox
+    """The new object on the released one's backend."""
+    baseline: pool_reset.Baseline
+    spill: SpillSession | None
+    """The released object's spill directory, closed before the reset."""
+    keep_spill: bool
 
 
 def check_wait(value: float, name: str, *, zero: bool) -> None:

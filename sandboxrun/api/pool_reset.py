@@ -33,6 +33,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -211,28 +212,35 @@ async def reset(sb: Sandbox, base: Baseline, refill: Callable[[Path], None]) -> 
 
 def restore_workspace(root: Path, refill: Callable[[Path], None]) -> None:
     """Empty ``root`` (a workspace no process uses any more; nothing in it is followed: a
-    symlink is removed, never its target) and fill it again (``refill``)."""
+    symlink is removed, never its target) and fill it again (``refill``). ``OSError`` when
+    something in it could not be removed."""
     os.chmod(root, 0o700)  # noqa: PTH101 - a command may have taken it away
     with os.scandir(root) as entries:
         names = [e.name for e in entries]
     for name in names:
         path = root / name
         if path.is_dir() and not path.is_symlink():
-            _rmtree(path)
+            remove_tree(path)
         else:
             path.unlink()
+    with os.scandir(root) as entries:
+        left = [e.name for e in entries]
+    if left:
+        raise OSError(f"could not remove {', '.join(sorted(left)[:3])} from the workspace")
     refill(root)
 
 
-def _rmtree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     """``shutil.rmtree`` (which never follows a symlink), making directories writable where
-    a command took that away."""
+    a command took that away; what cannot be removed is left (the caller looks)."""
 
     def retry(func: Callable[..., object], name: str, _: object) -> None:
-        os.chmod(os.path.dirname(name), 0o700)  # noqa: PTH101, PTH120
-        if os.path.isdir(name) and not os.path.islink(name):  # noqa: PTH112, PTH114
-            os.chmod(name, 0o700)  # noqa: PTH101
-        func(name)
+        with suppress(OSError):
+            os.chmod(os.path.dirname(name), 0o700)  # noqa: PTH101, PTH120
+            if os.path.isdir(name) and not os.path.islink(name):  # noqa: PTH112, PTH114
+                os.chmod(name, 0o700)  # noqa: PTH101
+        with suppress(OSError):
+            func(name)
 
     if sys.version_info >= (3, 12):  # (3.12 renamed the hook)
         shutil.rmtree(path, onexc=retry)

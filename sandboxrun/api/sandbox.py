@@ -164,11 +164,11 @@ class Sandbox:
         self._spill_owned = True
         """False for an escalation's re-run sandbox: it spills into its parent's directory."""
         self._taint: str | None = None
+        """Why this sandbox may not be handed to another holder in place (a pool's reset,
+        ``api.pool_reset``): the first thing beyond a plain command that ended on its own."""
         self._retired = False
         """Handed back to its pool (``SandboxPool``): closed for its holder at once, whether
         the pool closes it or hands its backend on (``_adopt``)."""
-        """Why this sandbox may not be handed to another holder in place (a pool's reset,
-        ``api.pool_reset``): the first thing beyond a plain command that ended on its own."""
         if isinstance(backend, str) and backend != "auto":
             backends.check_name(backend)
 
@@ -943,8 +943,10 @@ class Sandbox:
         now on (its calls fail as on a closed ``Sandbox``); this one gets a spill directory
         of its own, and ``old``'s is returned for the caller to close (it blocks). ``old``
         must be idle (no run, job or terminal) and this one made alike and never opened."""
-        if old._inflight or old._jobs or old._terminals or old._backend is None:
-            raise RuntimeError("only an idle, open Sandbox can be handed on")
+        if old._inflight or old._jobs or old._terminals:
+            raise RuntimeError("a command, job or terminal of it was still there")
+        if old._backend is None:
+            raise RuntimeError("it is not open")
         if self._opened or self._closed is not None:
             raise RuntimeError("a Sandbox takes over another only before it is opened")
         self._backend, old._backend = old._backend, None

@@ -4,6 +4,8 @@ which mounts are listed, what taints a sandbox, and the workspace's restore on t
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -137,10 +139,11 @@ def test_a_scratch_path_the_listing_would_split_or_expand_is_refused(bad: str) -
         pool_reset.listing_argv(["/tmp", bad], [])
 
 
-def copy_of(template: Path) -> object:
-    import shutil
+def copy_of(template: Path) -> Callable[[Path], None]:
+    def fill(root: Path) -> None:
+        shutil.copytree(template, root, symlinks=True, dirs_exist_ok=True)
 
-    return lambda root: shutil.copytree(template, root, symlinks=True, dirs_exist_ok=True)
+    return fill
 
 
 def test_restore_empties_the_workspace_without_following_what_a_command_planted(
@@ -165,7 +168,7 @@ def test_restore_empties_the_workspace_without_following_what_a_command_planted(
     os.chmod(locked, 0o000)
     os.chmod(ws / "locked", 0o000)
     os.chmod(ws, 0o500)
-    pool_reset.restore_workspace(ws, copy_of(template))  # type: ignore[arg-type]
+    pool_reset.restore_workspace(ws, copy_of(template))
     assert sorted(p.name for p in ws.iterdir()) == ["src"]
     assert [p.name for p in (ws / "src").iterdir()] == ["task.txt"]
     assert (ws / "src" / "task.txt").read_text() == "task\n"

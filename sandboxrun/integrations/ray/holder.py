@@ -8,8 +8,8 @@ it the way ``Sandbox.exec`` ends every cancelled run (its whole process tree kil
 
 Inside, a one-sandbox ``sandboxrun.SandboxPool`` keeps the slot warm: ``fresh`` (each command
 in a sandbox no earlier one touched, replaced in the background after it, or reset in place
-with ``reset``) or not (commands
-share the slot's sandbox, which is replaced only when it broke). A ``session`` holds one
+with ``reset``) or not (commands share the slot's sandbox, which is replaced only when it
+broke). A ``session`` holds one
 sandbox of its own from ``session_begin`` to ``session_end``. The actor's owner is this
 worker process: when Ray kills it (its driver died, its node was lost, ``ray.kill``), every
 sandbox of it ends by the supervisor's owner-death rule.
