@@ -237,19 +237,30 @@ def user_spec() -> str:
     return f"{os.getuid()}:{os.getgid()}"
 
 
-def create_baseline(client: DockerClient, workspace: Path, bench: str) -> str:
+def create_baseline(
+    client: DockerClient, workspace: Path, bench: str, *, seccomp: bool = False
+) -> str:
     """Create (not start) a container like sandboxrun's: same image, ``sleep infinity`` under
     an init, all capabilities dropped, no new privileges, read-only root with tmpfs /tmp and
-    home, no network, pids and memory limits, no logging, the workspace bound read-write."""
+    home, no network, pids and memory limits, no logging, the workspace bound read-write.
+    ``seccomp``: sandboxrun's seccomp profile too, and its ``/var/tmp`` tmpfs (the whole
+    hardening of a sandbox, for a start-up compared with sandboxrun's)."""
     from docker.types import LogConfig
 
     api = client.api
+    security = ["no-new-privileges"]
+    tmpfs = {"/tmp": BASE_TMPFS, "/home/sandbox": BASE_TMPFS}
+    if seccomp:
+        from sandboxrun.backends.docker import seccomp as profile
+
+        security.append(f"seccomp={profile.profile_json()}")
+        tmpfs["/var/tmp"] = BASE_TMPFS
     host = api.create_host_config(
         init=True,
         cap_drop=["ALL"],
-        security_opt=["no-new-privileges"],
+        security_opt=security,
         read_only=True,
-        tmpfs={"/tmp": BASE_TMPFS, "/home/sandbox": BASE_TMPFS},
+        tmpfs=tmpfs,
         pids_limit=512,
         mem_limit=2 << 30,
         memswap_limit=2 << 30,

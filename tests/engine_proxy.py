@@ -61,6 +61,8 @@ class EngineProxy:
         """Request lines held forever."""
         self.coalesced = 0
         """Exec-start responses whose head was sent together with body bytes."""
+        self.requests: list[bytes] = []
+        """Every request line forwarded or held, in order."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,6 +143,8 @@ class EngineProxy:
                         return
                     buf += data
                 body, buf = buf[:length], buf[length:]
+                with self._lock:
+                    self.requests.append(head.split(b"\r\n")[0])
                 if DELETE_CONTAINER.match(head) and self._stall_this():
                     self.stalled.append(head.split(b"\r\n")[0])
                     self._stop.wait()  # never forwarded, never answered

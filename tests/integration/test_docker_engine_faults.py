@@ -113,6 +113,34 @@ def test_cli_reports_a_container_it_could_not_remove_within_its_budget(
     assert ids[0] in [row["id"] for row in listed]  # still labelled: `clean` will find it
 
 
+def test_a_second_connect_to_an_engine_asks_no_version_and_a_lost_one_is_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API version an engine negotiated is kept for the process (``api.connect``: one
+    round trip fewer at every open after the first); an engine that could not be reached is
+    asked again next time (it may be another engine now)."""
+    from sandboxrun.backends.docker import api
+    from sandboxrun.errors import SandboxUnavailableError
+
+    def paths(proxy: EngineProxy) -> list[bytes]:
+        return [line.split(b" ")[1].split(b"?")[0] for line in proxy.requests]
+
+    url = f"unix://{tmp_path / 'proxy.sock'}"
+    with EngineProxy(tmp_path / "proxy.sock") as proxy:  # (made before: it forwards to the engine)
+        monkeypatch.setenv("DOCKER_HOST", url)
+        for _ in range(3):
+            api.connect(5).close()
+        assert sum(p.endswith(b"/version") for p in paths(proxy)) == 1, paths(proxy)
+        assert sum(p.endswith(b"/_ping") for p in paths(proxy)) == 3, paths(proxy)
+    with pytest.raises(SandboxUnavailableError):
+        api.connect(2)  # (the socket is gone)
+    monkeypatch.delenv("DOCKER_HOST")
+    with EngineProxy(tmp_path / "proxy.sock") as proxy:
+        monkeypatch.setenv("DOCKER_HOST", url)
+        api.connect(5).close()
+        assert sum(p.endswith(b"/version") for p in paths(proxy)) == 1, paths(proxy)
+
+
 async def test_api_close_errors_name_the_container_left_behind(
     tmp_path: Path,
     workspace: Path,

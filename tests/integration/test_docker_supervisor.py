@@ -243,7 +243,7 @@ def test_the_rendezvous_is_never_the_container_users_and_never_in_a_workspace(
     swap could hand it a host file), it lives in a parent only the invoker enters, never in
     a directory a sandbox can write (``TMPDIR``, a workspace: another sandbox's command
     could replace the runner's copy before the supervisor starts)."""
-    from sandboxrun.backends.docker.rendezvous import SCRIPTS, Rendezvous, parent_dir
+    from sandboxrun.backends.docker.rendezvous import PYCACHE, SCRIPTS, Rendezvous, parent_dir
 
     parent = parent_dir(tmp_path)
     assert parent is not None
@@ -252,16 +252,65 @@ def test_the_rendezvous_is_never_the_container_users_and_never_in_a_workspace(
     try:
         assert (parent.stat().st_mode & 0o777) == 0o700 and parent.stat().st_uid == os.geteuid()
         scripts = [(rendezvous.dir / name, 0o444) for name in SCRIPTS]
+        tag = sys.implementation.cache_tag
+        compiled = [
+            (rendezvous.dir / PYCACHE / f"{Path(n).stem}.{tag}.pyc", 0o444) for n in SCRIPTS
+        ]
         assert sorted(p.name for p in rendezvous.dir.iterdir()) == sorted(
-            [*SCRIPTS, "supervisor.sock"]
+            [*SCRIPTS, "supervisor.sock", PYCACHE]
         )
-        for path, mode in ((rendezvous.dir, 0o755), *scripts):
-            assert (path.stat().st_mode & 0o777) == mode
+        assert sorted((rendezvous.dir / PYCACHE).iterdir()) == sorted(p for p, _ in compiled)
+        for path, mode in (
+            (rendezvous.dir, 0o755),
+            (rendezvous.dir / PYCACHE, 0o755),
+            *scripts,
+            *compiled,
+        ):
+            assert (path.stat().st_mode & 0o777) == mode, path
             assert path.stat().st_uid == os.geteuid()
     finally:
         rendezvous.close()
     assert not rendezvous.dir.exists()
     assert parent_dir(parent.parent) is None  # a workspace holding it: no supervisor there
+
+
+def test_the_containers_python_loads_the_supervisors_bytecode_not_its_sources(
+    tmp_path: Path, engine: docker.DockerClient
+) -> None:
+    """The rendezvous carries the scripts compiled by this host's Python (unchecked-hash
+    ``.pyc``): a container whose ``python3`` has the same cache tag imports the runner
+    without compiling it. Proved by breaking every source after the rendezvous was made: the
+    import still works (a Python that read the sources would fail on them)."""
+    from sandboxrun.backends.docker.rendezvous import MOUNT, SCRIPTS, Rendezvous, parent_dir
+
+    image = "sandboxrun/base:latest"
+    tag = engine.containers.run(
+        image, ["python3", "-c", "import sys; print(sys.implementation.cache_tag)"],
+        remove=True, network_mode="none", labels={"sandboxrun.managed": "true"},
+    ).decode().strip()  # fmt: skip
+    if tag != sys.implementation.cache_tag:
+        pytest.skip(f"the image's python3 is {tag}, this host's {sys.implementation.cache_tag}")
+    parent = parent_dir(tmp_path)
+    assert parent is not None
+    rendezvous = Rendezvous(parent)
+    try:
+        for name in SCRIPTS:
+            path = rendezvous.dir / name
+            path.chmod(0o644)
+            path.write_text("this is not python (\n")
+            path.chmod(0o444)
+        out = engine.containers.run(
+            image,
+            ["python3", "-I", "-S", "-c", f"import sys; sys.path.insert(0, {MOUNT!r}); "
+             "import runner; print(runner.Runner.__name__)"],
+            remove=True, network_mode="none", labels={"sandboxrun.managed": "true"},
+            volumes={str(rendezvous.dir): {"bind": MOUNT, "mode": "ro"}},
+            user=f"{os.getuid()}:{os.getgid()}",
+        )  # fmt: skip
+        assert out.decode().strip() == "Runner"
+    finally:
+        rendezvous.close()
+    assert not rendezvous.dir.exists()
 
 
 async def test_an_entrypoint_that_forks_still_gets_a_supervisor(

@@ -40,20 +40,34 @@ API_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 3.0
 
 
+_API_VERSIONS: dict[tuple[str, ...], str] = {}
+"""The API version each engine (by the environment naming it) negotiated with this process:
+a later ``connect`` to it asks no ``/version`` again (one round trip of every open)."""
+
+
 def connect(timeout_s: float = API_TIMEOUT_S) -> DockerClient:
     """A client for the engine named by the environment (``DOCKER_HOST`` etc.), pinged."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    key = tuple(
+        os.environ.get(name, "")
+        for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_API_VERSION")
+    )
     if host.startswith("unix://") and not stat.S_ISSOCK(_mode(host.removeprefix("unix://"))):
         # checked first: docker-py leaks a socket when it cannot connect to a unix path
+        _API_VERSIONS.pop(key, None)
         raise SandboxUnavailableError("docker", f"no Docker engine socket at {host}")
     client: DockerClient | None = None
     try:
-        client = docker.from_env(timeout=max(1, round(timeout_s)))
+        known = _API_VERSIONS.get(key)
+        timeout = max(1, round(timeout_s))
+        client = docker.from_env(timeout=timeout, version=known)  # (None: negotiated)
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         if client is not None:
             client.close()
+        _API_VERSIONS.pop(key, None)  # (it may come back as another engine: asked again)
         raise SandboxUnavailableError("docker", f"cannot reach the Docker engine: {exc}") from exc
+    _API_VERSIONS[key] = str(client.api.api_version)
     return client
 
 
