@@ -399,7 +399,7 @@ class SandboxPool:
                 fresh = Sandbox(sb.workspace.root, **self.sandbox_options)
                 spill = fresh._adopt(sb)  # (RuntimeError: a command of it still runs)
             except Exception as exc:  # (or the workspace gone, say): discarded
-                why = f"it could not be handed on: {exc}"
+                why = f"it could not be handed on: {exc or type(exc).__name__}"
             else:
                 self.close_errors += sb.close_errors
                 self._every.discard(sb)
@@ -419,6 +419,9 @@ class SandboxPool:
             if spill is not None:
                 keep = handed.keep_spill
                 await anyio.to_thread.run_sync(lambda: spill.close(keep=keep))
+            if self._closing:  # no reset to hand it on to nobody: closed with the pool
+                await self._discard(fresh, fresh.workspace.root)
+                return
             self._resetting += 1
             try:
                 why = await pool_reset.reset(fresh, base, self._fill_workspace)
@@ -466,14 +469,19 @@ class SandboxPool:
                 self.close_errors.append(f"a pooled sandbox did not close: {exc}")
                 log.warning("sandboxrun: a pooled sandbox did not close: %s", exc)
             finally:
-                if workspace is not None:
-                    await anyio.to_thread.run_sync(self._remove, workspace)
-                if sb is not None:
-                    self._counts["discarded"] += 0 if failed else 1
-                    self._closes.pop(sb, None)
-                    done.set()
-                if free:
-                    self._free()
+                try:
+                    if workspace is not None:
+                        await anyio.to_thread.run_sync(self._remove, workspace)
+                except Exception as exc:  # (said; the slot is freed all the same)
+                    self.close_errors.append(f"could not remove the pooled workspace: {exc}")
+                    log.warning("sandboxrun: could not remove the pooled workspace: %s", exc)
+                finally:
+                    if sb is not None:
+                        self._counts["discarded"] += 0 if failed else 1
+                        self._closes.pop(sb, None)
+                        done.set()
+                    if free:
+                        self._free()
 
     def _free(self) -> None:
         self._slots -= 1

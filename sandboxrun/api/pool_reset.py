@@ -230,17 +230,29 @@ def restore_workspace(root: Path, refill: Callable[[Path], None]) -> None:
     refill(root)
 
 
-def remove_tree(path: Path) -> None:
+MAX_DEPTH = 256
+"""How deep ``remove_tree`` goes into directories a command made unreadable (each one it
+had to open again on its own)."""
+
+
+def remove_tree(path: Path, _depth: int = 0) -> None:
     """``shutil.rmtree`` (which never follows a symlink), making directories writable where
-    a command took that away; what cannot be removed is left (the caller looks)."""
+    a command took that away; what cannot be removed is left (the caller looks). A directory
+    that could not be opened or listed (``chmod 000``: rmtree skips it) is made readable and
+    removed on its own, at most ``MAX_DEPTH`` deep."""
 
     def retry(func: Callable[..., object], name: str, _: object) -> None:
+        opened = False
         with suppress(OSError):
             os.chmod(os.path.dirname(name), 0o700)  # noqa: PTH101, PTH120
             if os.path.isdir(name) and not os.path.islink(name):  # noqa: PTH112, PTH114
                 os.chmod(name, 0o700)  # noqa: PTH101
-        with suppress(OSError):
-            func(name)
+                opened = True
+        if func in (os.unlink, os.remove, os.rmdir):
+            with suppress(OSError):
+                func(name)
+        elif opened and _depth < MAX_DEPTH:  # (os.open, os.scandir, os.lstat: not retried by name)
+            remove_tree(Path(name), _depth + 1)
 
     if sys.version_info >= (3, 12):  # (3.12 renamed the hook)
         shutil.rmtree(path, onexc=retry)

@@ -87,11 +87,29 @@ def runtime_dir(env: Mapping[str, str], uid: int | None = None) -> Path:
     return Path(f"/tmp/sandboxrun-{uid}")  # noqa: S108 - private: checked where it is made
 
 
+def supervisor_parent(env: Mapping[str, str]) -> Path:
+    """Where docker sandboxes' supervisors are prepared (``docker.rendezvous``), one private
+    directory each: ``/run/sandboxrun-supervisor`` for root, else
+    ``$XDG_RUNTIME_DIR/sandboxrun-supervisor``, else ``sandboxrun/supervisor`` in the cache
+    directory (beside the spill root). No sandbox sees it: a command could otherwise replace
+    the runner of another sandbox starting beside it."""
+    from sandboxrun.engine.capture.spill import default_spill_root
+
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if os.geteuid() == 0:
+        return Path("/run/sandboxrun-supervisor")
+    if runtime.startswith("/") and Path(runtime).is_dir():
+        return Path(runtime) / "sandboxrun-supervisor"
+    return default_spill_root().parent / "supervisor"
+
+
 def secret_paths(env: Mapping[str, str]) -> list[Path]:
     """Every built-in secret path: ``SECRET_PATHS`` in each of ``host_homes(env)``, the
-    detached sandboxes' runtime directory, and as root ``ROOT_SECRETS``."""
+    detached sandboxes' runtime directory, the docker supervisors' parent directory, and as
+    root ``ROOT_SECRETS``."""
     found = [home / rel for home in host_homes(env) for rel in SECRET_PATHS]
     found.append(runtime_dir(env))
+    found.append(supervisor_parent(env))
     if os.geteuid() == 0:
         found += [Path(p) for p in ROOT_SECRETS]
     return found

@@ -139,6 +139,15 @@ def test_a_second_connect_to_an_engine_asks_no_version_and_a_lost_one_is_asked_a
         monkeypatch.setenv("DOCKER_HOST", url)
         api.connect(5).close()
         assert sum(p.endswith(b"/version") for p in paths(proxy)) == 1, paths(proxy)
+        # an engine that answers but refuses the version kept (replaced by an older one):
+        # the next connect negotiates again instead of failing
+        key = api._engine_key()
+        negotiated = api._API_VERSIONS[key]
+        api._API_VERSIONS[key] = (negotiated[0], "1.99")
+        api.connect(5).close()
+        assert api._API_VERSIONS[key] == negotiated
+        assert sum(p.endswith(b"/version") for p in paths(proxy)) == 2, paths(proxy)
+        assert any(p.startswith(b"/v1.99/") for p in paths(proxy)), paths(proxy)
 
 
 async def test_api_close_errors_name_the_container_left_behind(

@@ -248,7 +248,11 @@ def test_the_rendezvous_is_never_the_container_users_and_never_in_a_workspace(
     parent = parent_dir(tmp_path)
     assert parent is not None
     assert not parent.is_relative_to(Path(os.environ.get("TMPDIR", "/tmp")))
-    rendezvous = Rendezvous(parent)
+    umask = os.umask(0o077)  # (the modes are set, never the umask's)
+    try:
+        rendezvous = Rendezvous(parent)
+    finally:
+        os.umask(umask)
     try:
         assert (parent.stat().st_mode & 0o777) == 0o700 and parent.stat().st_uid == os.geteuid()
         scripts = [(rendezvous.dir / name, 0o444) for name in SCRIPTS]

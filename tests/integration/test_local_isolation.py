@@ -240,6 +240,34 @@ def test_secret_paths_are_masked(ws: Path, backend: str) -> None:
             ssh.rmdir()
 
 
+def test_the_docker_supervisors_directory_is_masked(ws: Path, backend: str) -> None:
+    """Where docker sandboxes' supervisors are prepared (their runner copied, then imported
+    by the container as it starts): a local sandbox neither sees nor replaces what is there
+    (a runner swapped in before another sandbox's supervisor starts would be that sandbox's
+    PID 1). Root's is under ``/run``, which no local sandbox sees; a user's, in its cache or
+    runtime directory, is a masked secret path (``tests/unit/test_isolation.py``)."""
+    from sandboxrun.backends.docker.rendezvous import private_dir
+    from sandboxrun.backends.secrets import supervisor_parent
+
+    parent = supervisor_parent(os.environ)
+    private_dir(parent)
+    planted = parent / f"sandbox-planted-{secrets.token_hex(4)}"
+    planted.mkdir()
+    (planted / "runner.py").write_text("ORIGINAL-RUNNER")
+    try:
+        script = (
+            f"cat {planted}/runner.py; ls -a {parent}; echo swapped > {planted}/runner.py; echo end"
+        )
+        result = run(ws, backend, script)
+        assert "end" in result.stdout, result
+        assert "ORIGINAL-RUNNER" not in result.stdout
+        assert planted.name not in result.stdout
+        assert (planted / "runner.py").read_text() == "ORIGINAL-RUNNER"
+    finally:
+        (planted / "runner.py").unlink()
+        planted.rmdir()
+
+
 def test_host_processes_are_invisible_and_unsignalable(ws: Path, backend: str) -> None:
     victim = subprocess.Popen(["sleep", "300"])
     try:

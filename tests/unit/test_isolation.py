@@ -221,3 +221,35 @@ def test_a_host_with_its_own_slash_workspace_keeps_the_host_path(
     assert held.inside_root is None
     argv = held.bwrap_argv(["x"])
     assert "/workspace" not in argv and argv[argv.index("/") - 1] == "--ro-bind"
+
+
+@pytest.mark.parametrize("layout", ["root", "runtime-dir", "cache"])
+def test_the_docker_supervisors_parent_is_a_secret_path_in_every_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """Where docker sandboxes' runners are copied before their containers import them: every
+    sandbox masks it (a local one with ``$HOME`` as its workspace, or a docker one with
+    ``-w ~``, could otherwise swap another sandbox's runner), and the rendezvous uses it."""
+    from sandboxrun.backends import secrets
+    from sandboxrun.backends.docker.rendezvous import parent_dir
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    env = {"HOME": str(tmp_path / "home")}
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if layout == "root" else 1000)
+    monkeypatch.delenv("SANDBOXRUN_SPILL_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if layout == "runtime-dir":
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    else:
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    expected = {
+        "root": Path("/run/sandboxrun-supervisor"),
+        "runtime-dir": runtime / "sandboxrun-supervisor",
+        "cache": tmp_path / "cache" / "sandboxrun" / "supervisor",
+    }[layout]
+    assert secrets.supervisor_parent(env) == expected
+    assert expected in secrets.secret_paths(env)
+    assert parent_dir(tmp_path / "elsewhere") == expected
+    assert parent_dir(tmp_path if layout != "root" else Path("/run")) is None  # (holds it)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -181,3 +182,58 @@ def test_a_local_pool_refuses_a_reset_that_is_not_a_bool() -> None:
 
     with pytest.raises(ConfigError, match="reset must be True or False"):
         SandboxPool(1, reset="yes")  # type: ignore[arg-type]
+
+
+LOCKED_TREE = """
+import os, sys
+from pathlib import Path
+from sandboxrun.api import pool_reset
+root = Path(sys.argv[1])
+ws = root / "ws"
+(ws / "a" / "b" / "c").mkdir(parents=True)
+(ws / "a" / "b" / "c" / "f").write_text("x")
+(ws / "a" / "g").write_text("x")
+(ws / "top").mkdir()
+(ws / "top" / "h").write_text("x")
+for d in (ws / "a" / "b" / "c", ws / "a" / "b", ws / "a", ws / "top"):
+    os.chmod(d, 0o000)  # unreadable and unsearchable, innermost first
+os.chmod(ws, 0o500)
+template = root / "template"
+(template / "src").mkdir(parents=True)
+(template / "src" / "task.txt").write_text("task")
+pool_reset.restore_workspace(ws, lambda d: (d / "src").mkdir() or (d / "src" / "t").write_text("t"))
+print(sorted(p.name for p in ws.iterdir()))
+gone = root / "gone"
+(gone / "x" / "y").mkdir(parents=True)
+os.chmod(gone / "x" / "y", 0o000)
+os.chmod(gone / "x", 0o000)
+os.chmod(gone, 0o000)
+pool_reset.remove_tree(gone)
+print(gone.exists())
+"""
+
+
+def test_directories_a_command_made_unreadable_are_removed_by_a_non_root_owner() -> None:
+    """``chmod 000`` on nested directories (what any pooled command may do to its workspace):
+    rmtree cannot open them, and its error hook was handed ``os.open`` (a TypeError that
+    crashed the pool). Run as a uid without root's override of modes (65534 when the tests
+    run as root), ``restore_workspace`` and ``remove_tree`` remove every one."""
+    import sys
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="sbr-locked-"))
+    try:
+        base.chmod(0o755)
+        argv = [sys.executable, "-c", LOCKED_TREE, str(base / "t")]
+        if os.geteuid() == 0:
+            if shutil.which("setpriv") is None:
+                pytest.skip("setpriv is needed to run as another uid")
+            (base / "t").mkdir()
+            os.chown(base / "t", 65534, 65534)
+            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split("\n")[:2] == ["['src']", "False"], proc.stdout
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(base)], check=False)
+        shutil.rmtree(base, ignore_errors=True)

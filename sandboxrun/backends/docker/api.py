@@ -40,34 +40,55 @@ API_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 3.0
 
 
-_API_VERSIONS: dict[tuple[str, ...], str] = {}
-"""The API version each engine (by the environment naming it) negotiated with this process:
-a later ``connect`` to it asks no ``/version`` again (one round trip of every open)."""
+_API_VERSIONS: dict[tuple[str, ...], tuple[str, str]] = {}
+"""The engine each environment named (``_engine_key``) for this process: its address and
+the API version it negotiated. A later ``connect`` to the same address asks no
+``/version`` again (one round trip of every open)."""
+
+
+def _engine_key() -> tuple[str, ...]:
+    """What names the engine: the variables docker-py reads (a context too)."""
+    names = (
+        "DOCKER_HOST",
+        "DOCKER_TLS_VERIFY",
+        "DOCKER_CERT_PATH",
+        "DOCKER_CONTEXT",
+        "DOCKER_CONFIG",
+    )
+    return tuple(os.environ.get(name, "") for name in names)
 
 
 def connect(timeout_s: float = API_TIMEOUT_S) -> DockerClient:
     """A client for the engine named by the environment (``DOCKER_HOST`` etc.), pinged."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    key = tuple(
-        os.environ.get(name, "")
-        for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_API_VERSION")
-    )
+    key = _engine_key()
     if host.startswith("unix://") and not stat.S_ISSOCK(_mode(host.removeprefix("unix://"))):
         # checked first: docker-py leaks a socket when it cannot connect to a unix path
         _API_VERSIONS.pop(key, None)
         raise SandboxUnavailableError("docker", f"no Docker engine socket at {host}")
+    timeout = max(1, round(timeout_s))
+    known = _API_VERSIONS.get(key)
     client: DockerClient | None = None
     try:
-        known = _API_VERSIONS.get(key)
-        timeout = max(1, round(timeout_s))
-        client = docker.from_env(timeout=timeout, version=known)  # (None: negotiated)
-        client.ping()
+        if known is not None:  # the version this address negotiated
+            client = docker.from_env(timeout=timeout, version=known[1])
+            try:
+                if client.api.base_url != known[0]:  # (a context switched): negotiated again
+                    raise docker.errors.APIError("another engine")
+                client.ping()
+            except docker.errors.APIError:  # it answered, refusing that version: again
+                client.close()
+                client = None
+                _API_VERSIONS.pop(key, None)
+        if client is None:
+            client = docker.from_env(timeout=timeout)  # (the version negotiated)
+            client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         if client is not None:
             client.close()
         _API_VERSIONS.pop(key, None)  # (it may come back as another engine: asked again)
         raise SandboxUnavailableError("docker", f"cannot reach the Docker engine: {exc}") from exc
-    _API_VERSIONS[key] = str(client.api.api_version)
+    _API_VERSIONS[key] = (str(client.api.base_url), str(client.api.api_version))
     return client
 
 

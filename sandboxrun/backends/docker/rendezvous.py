@@ -20,11 +20,11 @@ left without ``sandboxrun clean``. An image without a usable ``python3`` runs
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
+import marshal
 import os
-import py_compile
 import select
-import shutil
 import socket
 import stat
 import struct
@@ -33,10 +33,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
+from types import CodeType
 
 from sandboxrun import supervisor
-from sandboxrun.engine.capture.spill import default_spill_root
+from sandboxrun.backends.secrets import supervisor_parent
 from sandboxrun.errors import BackendError
 from sandboxrun.supervisor import procfs as proctree
 
@@ -46,10 +48,9 @@ SCRIPTS = ("runner.py", "protocol.py", "procfs.py", "safeopen.py", "spawn.py")
 """What of ``supervisor/`` the container's supervisor needs (it imports them all before it
 connects: the copies are unlinked once it has)."""
 PYCACHE = "__pycache__"
-"""Beside the copies: their bytecode as this host's Python compiles it (``bytecode``). A
+"""Beside the copies: their bytecode as this host's Python compiles it (``scripts``). A
 container whose ``python3`` has the same cache tag (``cpython-311``) loads it instead of
-compiling ~1,500 lines at every start (~12 ms of the supervisor's start-up); any other
-ignores it."""
+compiling ~1,500 lines at every start; any other ignores it."""
 log = logging.getLogger("sandboxrun")
 BOOT = (
     "import os, sys\n"
@@ -80,69 +81,89 @@ PEERCRED = struct.Struct("3i")
 def parent_dir(workspace: Path) -> Path | None:
     """Where the rendezvous directories live: private to the invoker (mode 0700) and outside
     every workspace and every ``TMPDIR`` a sandbox could write (a command of another sandbox
-    must never reach one): ``/run/sandboxrun-supervisor`` for root, else
-    ``$XDG_RUNTIME_DIR/sandboxrun-supervisor``, else ``~/.cache/sandboxrun/supervisor``;
-    None when that is inside ``workspace`` (the sandbox then runs without a supervisor)."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    if os.geteuid() == 0:
-        parent = Path("/run/sandboxrun-supervisor")
-    elif runtime.startswith("/") and Path(runtime).is_dir():
-        parent = Path(runtime) / "sandboxrun-supervisor"
-    else:
-        parent = default_spill_root().parent / "supervisor"
+    must never reach one; every sandbox masks it: ``secrets.supervisor_parent``); None when
+    it is inside ``workspace`` (the sandbox then runs without a supervisor)."""
+    parent = supervisor_parent(os.environ)
     root = Path(os.path.realpath(workspace))
     if Path(os.path.realpath(parent)).is_relative_to(root):
         return None
     return parent
 
 
-def bytecode(parent: Path) -> list[tuple[str, bytes]]:
-    """The supervisor's scripts compiled by this Python: ``(name in __pycache__, .pyc)``
-    each, unchecked-hash (the copies beside them are the same sources). Compiled once per
-    host and sandboxrun version, kept in ``parent`` (private to the invoker) as
-    ``bytecode-<cache tag>-<digest of the sources>``; empty when this cannot be done (the
-    container then compiles the sources itself, as it always could)."""
+@dataclass(frozen=True)
+class Script:
+    """One of ``SCRIPTS`` as the rendezvous carries it: its source, and its bytecode as this
+    host's Python compiles it (``pyc``: an unchecked-hash ``.pyc`` of exactly that source,
+    named ``pyc_name`` in ``__pycache__``; None where this Python has no cache tag)."""
+
+    name: str
+    source: bytes
+    pyc_name: str | None
+    pyc: bytes | None
+
+
+_COMPILED: dict[bytes, tuple[Script, ...]] = {}
+"""``scripts()`` of this process, by a digest of the sources (compiled once, in memory:
+nothing of it is kept on the host where a sandbox could reach it)."""
+
+
+def scripts() -> tuple[Script, ...]:
+    """The supervisor's scripts with their bytecode. The code object comes from the package's
+    own ``__pycache__`` where Python's rules trust it for that very source (the package's
+    directory is as trusted as its sources), else from ``compile`` (~12 ms, once per
+    process). A ``.pyc`` of the package's that does not unmarshal is not used: the container's
+    import would fail on it instead of falling back to the source."""
+    sources = [(name, Path(supervisor.HERE, name).read_bytes()) for name in SCRIPTS]
+    digest = hashlib.sha256(b"\0".join(n.encode() + b"\0" + src for n, src in sources)).digest()
+    found = _COMPILED.get(digest)
+    if found is not None:
+        return found
     tag = sys.implementation.cache_tag
-    if tag is None:
-        return []
-    try:
-        sources = [Path(supervisor.HERE, name) for name in SCRIPTS]
-        digest = hashlib.sha256()
-        for source in sources:
-            digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
-        names = [f"{source.stem}.{tag}.pyc" for source in sources]
-        store = parent / f"bytecode-{tag}-{digest.hexdigest()[:24]}"
-        found = _read_store(store, names)
-        if found is not None:
-            return found
-        private_dir(parent)
-        fresh = Path(tempfile.mkdtemp(prefix=".bytecode-", dir=parent))
-        try:
-            for source, name in zip(sources, names, strict=True):
-                py_compile.compile(
-                    str(source),
-                    cfile=str(fresh / name),
-                    dfile=f"{MOUNT}/{source.name}",
-                    doraise=True,
-                    invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    made: list[Script] = []
+    for name, source in sources:
+        pyc_name = pyc = None
+        if tag is not None:
+            try:
+                code = _package_code(Path(supervisor.HERE, name), source) or compile(
+                    source, f"{MOUNT}/{name}", "exec", dont_inherit=True, optimize=0
                 )
-            fresh.rename(store)  # (at once; another process's may be there first)
-        except OSError:
-            if not store.is_dir():
-                raise
-        finally:
-            shutil.rmtree(fresh, ignore_errors=True)
-        return _read_store(store, names) or []
-    except (OSError, py_compile.PyCompileError) as exc:
-        log.debug("sandboxrun: the supervisor's bytecode: %s", exc)
-        return []
+                header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little")
+                pyc = header + importlib.util.source_hash(source) + marshal.dumps(code)
+                pyc_name = f"{Path(name).stem}.{tag}.pyc"
+            except (SyntaxError, ValueError) as exc:
+                log.debug("sandboxrun: no bytecode for the supervisor's %s: %s", name, exc)
+                pyc_name = pyc = None
+        made.append(Script(name, source, pyc_name, pyc))
+    _COMPILED[digest] = result = tuple(made)
+    return result
 
 
-def _read_store(store: Path, names: list[str]) -> list[tuple[str, bytes]] | None:
+def _package_code(path: Path, source: bytes) -> CodeType | None:
+    """The code of ``path`` from the package's own ``__pycache__``, when that ``.pyc`` is the
+    one Python itself would trust for ``source`` (its hash, or the source file's mtime and
+    size) and unmarshals to a code object; else None."""
     try:
-        return [(name, (store / name).read_bytes()) for name in names]
-    except OSError:
+        raw = Path(importlib.util.cache_from_source(str(path))).read_bytes()
+        info = path.stat()
+    except (OSError, ValueError, NotImplementedError):
         return None
+    if len(raw) < 16 or raw[:4] != importlib.util.MAGIC_NUMBER:
+        return None
+    flags = int.from_bytes(raw[4:8], "little")
+    if flags & 0b1:
+        if raw[8:16] != importlib.util.source_hash(source):
+            return None
+    elif (
+        int.from_bytes(raw[8:12], "little") != int(info.st_mtime) & 0xFFFFFFFF
+        or int.from_bytes(raw[12:16], "little") != info.st_size & 0xFFFFFFFF
+        or info.st_size != len(source)
+    ):
+        return None
+    try:
+        code = marshal.loads(raw[16:])  # noqa: S302 - what importing the package itself does
+    except (EOFError, ValueError, TypeError):
+        return None
+    return code if isinstance(code, CodeType) else None
 
 
 def private_dir(parent: Path) -> None:
@@ -167,23 +188,19 @@ class Rendezvous:
 
     def __init__(self, parent: Path) -> None:
         self._listener: socket.socket | None = None
+        self._pycs: list[str] = []
         try:
             private_dir(parent)
             self.dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=parent))
         except OSError as exc:
             raise BackendError(f"cannot prepare the sandbox's supervisor: {exc}") from exc
         try:
-            for name in SCRIPTS:
-                script = self.dir / name
-                shutil.copyfile(Path(supervisor.HERE, name), script)
+            carried = scripts()
+            for each in carried:
+                script = self.dir / each.name
+                script.write_bytes(each.source)
                 script.chmod(0o444)
-            compiled = bytecode(parent)
-            if compiled:
-                (self.dir / PYCACHE).mkdir(mode=0o755)
-                for name, code in compiled:
-                    pyc = self.dir / PYCACHE / name
-                    pyc.write_bytes(code)
-                    pyc.chmod(0o444)
+            self._bytecode(carried)
             listener = self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(str(self.dir / SOCKET_NAME))
             listener.listen(1)
@@ -193,6 +210,34 @@ class Rendezvous:
         except OSError as exc:
             self.close()
             raise BackendError(f"cannot prepare the sandbox's supervisor: {exc}") from exc
+
+    def _bytecode(self, carried: tuple[Script, ...]) -> None:
+        """The scripts' bytecode in ``__pycache__`` (0755, each 0444), or none of it: a write
+        that fails (a full disk) leaves the sources alone, which the container compiles."""
+        compiled = [(s.pyc_name, s.pyc) for s in carried if s.pyc_name and s.pyc is not None]
+        if not compiled:
+            return
+        cache = self.dir / PYCACHE
+        try:
+            cache.mkdir()
+            cache.chmod(0o755)  # (not the umask's)
+            for name, code in compiled:
+                self._pycs.append(name)
+                pyc = cache / name
+                pyc.write_bytes(code)
+                pyc.chmod(0o444)
+        except OSError as exc:
+            log.debug("sandboxrun: the supervisor's bytecode not written: %s", exc)
+            self._remove_bytecode()
+
+    def _remove_bytecode(self) -> None:
+        """Only the names written here (nothing in it is followed or listed)."""
+        for name in self._pycs:
+            with suppress(OSError):
+                (self.dir / PYCACHE / name).unlink()
+        self._pycs = []
+        with suppress(OSError):
+            (self.dir / PYCACHE).rmdir()
 
     def accept(
         self, timeout_s: float, ours: Callable[[int], bool], gave_up: Callable[[], bool]
@@ -235,11 +280,7 @@ class Rendezvous:
             for name in (SOCKET_NAME, *SCRIPTS):
                 with suppress(OSError):
                     (self.dir / name).unlink()
-            with suppress(OSError):
-                for pyc in (self.dir / PYCACHE).iterdir():
-                    with suppress(OSError):
-                        pyc.unlink()
-                (self.dir / PYCACHE).rmdir()
+            self._remove_bytecode()
             with suppress(OSError):
                 self.dir.rmdir()
 
