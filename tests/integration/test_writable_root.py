@@ -106,6 +106,28 @@ async def test_the_default_root_stays_read_only_and_a_non_root_user_gets_no_capa
         assert "refused" in home.stdout
 
 
+async def test_a_disk_kill_result_comes_only_once_every_process_is_gone(workspace: Path) -> None:
+    """The watch kills the container's PID 1; the kernel kills the rest of its namespace only
+    after PID 1's socket to the host closed, which is how the run's end is seen. With 200
+    daemons (each in its own session) to kill, the result must still come only once none
+    lives (CI once saw one daemon alive at the result)."""
+    marker = f"9{uuid.uuid4().int % 10**6:06d}.5"
+    limits = Limits(disk_bytes=64 << 20, timeout_s=60, pids=1024)
+    async with Sandbox(workspace, backend="docker", policy=WRITABLE, user="0", limits=limits) as sb:
+        assert isinstance(sb.backend, DockerBackend)
+        if sb.backend.disk_mode != "watch":
+            pytest.skip("this engine bounds the root itself (--storage-opt size): ENOSPC")
+        script = f"for i in $(seq 200); do setsid sleep {marker} > /dev/null 2>&1 & done; wait"
+        await sb.start(["sh", "-c", script])  # (a job: they outlive no exec of their own)
+        assert await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: len(processes_mentioning(marker)) >= 200, 20)
+        )
+        result = await sb.exec(shell="fallocate -l 1G /var/big")
+        assert result.status == "disk_exceeded", result
+        alive = processes_mentioning(marker)
+        assert not alive, f"{len(alive)} daemons of the over-full sandbox lived at its result"
+
+
 @pytest.mark.parametrize(
     "flood",
     [

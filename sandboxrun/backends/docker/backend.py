@@ -62,6 +62,9 @@ SPAWN_EXTRA = {
     "inherit": True,  # the image's environment under it, as ``docker exec`` gives
     "oom_score_adj": 1000,  # the OOM killer takes a command, not the supervisor
 }
+GONE_WAIT_S = 5.0
+"""How long a run whose sandbox's supervisor died waits for the container's other processes
+to be gone (the kernel ends them a moment after the supervisor)."""
 log = logging.getLogger("sandboxrun")
 
 
@@ -667,9 +670,31 @@ class DockerBackend:
         assert isinstance(handle, SupervisedRun)
         handle.close()
         try:
-            return dataclasses.replace(self._supervised_verdict(handle, sup), via="supervisor")
+            verdict = self._supervised_verdict(handle, sup)
+            if handle.client.dead or self.session.dying():
+                left = await anyio.to_thread.run_sync(self._wait_gone)
+                if left:
+                    said = f"; {left} process(es) of the container still lived {GONE_WAIT_S:g} s on"
+                    verdict = dataclasses.replace(verdict, error=(verdict.error or "") + said)
+            return dataclasses.replace(verdict, via="supervisor")
         finally:
             self.session.active.discard(handle.run_id)
+
+    def _wait_gone(self) -> int:
+        """The supervisor (the container's PID 1) died: wait, at most ``GONE_WAIT_S``, until
+        no process of the container lives, and return how many still do. The kernel kills the
+        rest of its PID namespace only after the supervisor's socket closed, which is how the
+        run's end is seen: without this wait a result could come while a process of the
+        sandbox still ran (a ``setsid`` daemon, for a moment). Blocking: a thread."""
+        procs = self.session.cgroup_procs
+        if not procs:
+            return 0
+        deadline = time.monotonic() + GONE_WAIT_S
+        while True:
+            left = {pid for pid in proctree.read_pids(procs) if proctree.alive(pid)}
+            if not left or time.monotonic() > deadline:
+                return len(left)
+            time.sleep(0.005)
 
     def _supervised_verdict(self, handle: SupervisedRun, sup: Supervision) -> Verdict:
         oom_before = self._oom_before.pop(handle.run_id, None)
