@@ -93,6 +93,11 @@ def probe_docker(image: str = BASE_IMAGE) -> Probe:
     return Probe("docker", True, None, tuple(enforced))
 
 
+def gone_note(left: int) -> str:
+    """What a result says of the processes of a dead container still alive (``_wait_gone``)."""
+    return f"; {left} process(es) of the container still lived {GONE_WAIT_S:g} s on" if left else ""
+
+
 def main_processes(init_pid: int, wait_s: float = 10.0) -> frozenset[int]:
     """The container's own main process(es): the init's children once it has forked them (a
     main process recorded too early would later look like a leftover of some exec)."""
@@ -656,7 +661,9 @@ class DockerBackend:
         verdict = await self._finalize(handle, sup)
         if self._layer_watch is not None and verdict.status != "disk_exceeded":
             why = await anyio.to_thread.run_sync(self._disk_look)
-            if why is not None:  # past the bound between two looks of the watch
+            if why is not None:  # past the bound between two looks of the watch: killed now
+                left = await anyio.to_thread.run_sync(self._wait_gone)
+                why += gone_note(left)
                 return dataclasses.replace(verdict, status="disk_exceeded", error=why)
         return verdict
 
@@ -664,9 +671,16 @@ class DockerBackend:
         if isinstance(handle, DockerRun):
             handle.release_terminal()  # here, not in the thread below: the loop uses it
             try:
-                return dataclasses.replace(await handle.verdict(sup), via="engine")
+                verdict = dataclasses.replace(await handle.verdict(sup), via="engine")
             finally:
                 await anyio.to_thread.run_sync(handle.close)
+            if self.session.dying():  # (its init killed: the rest of the namespace follows)
+                left = await anyio.to_thread.run_sync(self._wait_gone)
+                if left:
+                    verdict = dataclasses.replace(
+                        verdict, error=(verdict.error or "") + gone_note(left)
+                    )
+            return verdict
         assert isinstance(handle, SupervisedRun)
         handle.close()
         try:
@@ -674,8 +688,9 @@ class DockerBackend:
             if handle.client.dead or self.session.dying():
                 left = await anyio.to_thread.run_sync(self._wait_gone)
                 if left:
-                    said = f"; {left} process(es) of the container still lived {GONE_WAIT_S:g} s on"
-                    verdict = dataclasses.replace(verdict, error=(verdict.error or "") + said)
+                    verdict = dataclasses.replace(
+                        verdict, error=(verdict.error or "") + gone_note(left)
+                    )
             return dataclasses.replace(verdict, via="supervisor")
         finally:
             self.session.active.discard(handle.run_id)
