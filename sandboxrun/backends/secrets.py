@@ -103,13 +103,25 @@ def supervisor_parent(env: Mapping[str, str]) -> Path:
     return default_spill_root().parent / "supervisor"
 
 
+def made_supervisor_parent(env: Mapping[str, str]) -> Path:
+    """``supervisor_parent(env)``, made (mode 0700) when missing: a mask covers only what
+    exists when a sandbox starts, and a docker sandbox opened later must not make it where
+    a running sandbox sees it unmasked. Best effort (a read-only home: never made there)."""
+    parent = supervisor_parent(env)
+    if not parent.exists():
+        with contextlib.suppress(OSError):
+            parent.parent.mkdir(parents=True, exist_ok=True)
+            parent.mkdir(mode=0o700, exist_ok=True)
+    return parent
+
+
 def secret_paths(env: Mapping[str, str]) -> list[Path]:
     """Every built-in secret path: ``SECRET_PATHS`` in each of ``host_homes(env)``, the
     detached sandboxes' runtime directory, the docker supervisors' parent directory, and as
     root ``ROOT_SECRETS``."""
     found = [home / rel for home in host_homes(env) for rel in SECRET_PATHS]
     found.append(runtime_dir(env))
-    found.append(supervisor_parent(env))
+    found.append(made_supervisor_parent(env))
     if os.geteuid() == 0:
         found += [Path(p) for p in ROOT_SECRETS]
     return found

@@ -12,6 +12,7 @@ from sandboxrun.backends.local.isolation import (
     SANDBOX_HOME,
     HostSupport,
     LocalPlan,
+    env_sockets,
     mask_args,
     root_args,
     runtime_dirs,
@@ -250,6 +251,8 @@ def test_the_docker_supervisors_parent_is_a_secret_path_in_every_layout(
         "cache": tmp_path / "cache" / "sandboxrun" / "supervisor",
     }[layout]
     assert secrets.supervisor_parent(env) == expected
-    assert expected in secrets.secret_paths(env)
+    assert expected in secrets.secret_paths(env)  # (docker's masks, mounts, the files API)
+    assert expected in env_sockets(env)  # (the local backends' masks)
+    assert expected.is_dir()  # made before a sandbox starts: a mask covers what exists
     assert parent_dir(tmp_path / "elsewhere") == expected
     assert parent_dir(tmp_path if layout != "root" else Path("/run")) is None  # (holds it)

@@ -31,7 +31,13 @@ from pathlib import Path
 
 from sandboxrun import supervisor
 from sandboxrun.backends.owner import masks_for, own_home, run_as
-from sandboxrun.backends.secrets import ROOT_SECRETS, SECRET_PATHS, host_homes, runtime_dir
+from sandboxrun.backends.secrets import (
+    ROOT_SECRETS,
+    SECRET_PATHS,
+    host_homes,
+    made_supervisor_parent,
+    runtime_dir,
+)
 from sandboxrun.engine.mounts import masked_inside
 from sandboxrun.engine.paths import CONTAINER_ROOT, host_has_container_root
 from sandboxrun.errors import ConfigError
@@ -366,6 +372,7 @@ def env_sockets(env: dict[str, str]) -> tuple[Path, ...]:
             if part.startswith("/"):
                 found.append(Path(part))
     found.append(runtime_dir(env))  # the detached sandboxes' keepers: never reachable inside
+    found.append(made_supervisor_parent(env))  # docker sandboxes' runners, before they start
     return tuple(found)
 
 
