@@ -148,6 +148,9 @@ class NotRun(Exception):
 Run = Callable[[ExecRequest], Awaitable[ExecResult]]
 """Runs a request as is in the sandbox (a cancellation of the run is re-raised)."""
 Key = tuple[str, ...]
+Saved = tuple[tuple[Key, "_State"], ...]
+"""A ``Logins``' snapshots at one moment (``Logins.saved``): what a pooled sandbox had when it
+was made, given back to each of its next holders (``Logins.restore``)."""
 
 
 @dataclass
@@ -186,6 +189,18 @@ class Logins:
         """Take later snapshots with ``base`` (a pooled sandbox's snapshots handed to the
         ``Sandbox`` object of its next holder: the same environment, built by it)."""
         self._base = base
+
+    def saved(self) -> Saved:
+        """The snapshots (and failed ones) taken so far, as they are now."""
+        return tuple((key, dataclasses.replace(state)) for key, state in self._states.items())
+
+    def restore(self, saved: Saved) -> None:
+        """Keep exactly the snapshots of ``saved``: any taken since is forgotten (a pooled
+        sandbox's next holder must not get an environment its last holder's profile made:
+        ``$HOME`` is the holder's to write). Only while no command of the sandbox runs."""
+        if self._locks:
+            raise RuntimeError("a login snapshot is being taken")
+        self._states = OrderedDict((key, dataclasses.replace(state)) for key, state in saved)
 
     async def resolve(self, request: ExecRequest, run: Run) -> tuple[ExecRequest, str | None]:
         """``request`` with its login shell and snapshot filled in (taken first if needed by

@@ -23,12 +23,19 @@ No process may be left after it. Last, the workspace is emptied on the host and 
 from the template (``restore_workspace``). The pool then hands a new ``Sandbox`` object on
 the same backend to the next holder: the old object is closed for the old holder.
 
-Not compared: extended attributes of the scratch directories themselves, and read-write
-mounts of the host (``Policy.mounts`` with ``:rw``), which no reset or discard restores.
+The reset's own commands run with a fixed environment (``FIXED_ENV``): no login snapshot,
+no path prepend, nothing the holder could have written decides what they run. The login
+snapshots the next holder gets are the ones taken when the sandbox was made (a holder may
+write a profile in ``$HOME`` and have a new one taken).
+
+Not compared: extended attributes of the scratch directories themselves (the workspace
+root's are removed), and read-write mounts of the host (``Policy.mounts`` with ``:rw``),
+which no reset or discard restores.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -40,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
+from sandboxrun.api.login import Saved
 from sandboxrun.backends.base import Resettable
 from sandboxrun.engine.paths import CONTAINER_ROOT
 from sandboxrun.models import ExecResult
@@ -59,9 +67,11 @@ CLEAN_STATUSES = frozenset({"completed", "failed"})
 
 LISTING = r"""
 set -f
+PATH=/usr/sbin:/usr/bin:/sbin:/bin; export PATH
 scratch=$1; shift
 chmod -R u+rwX -- $scratch 2>/dev/null
 find $scratch -xdev -mindepth 1 -delete 2>/dev/null
+touch -c -- $scratch 2>/dev/null
 find $scratch -xdev -printf 'scratch %d %p %y %m %U %G\n' 2>&1
 if [ "$#" -gt 0 ]; then
   find "$@" -xdev \( -type d -printf 'dir %p %m %U %G\n' \) \
@@ -76,10 +86,18 @@ fi
 echo "mounts"
 cat /proc/self/mounts
 """
-"""Empties the scratch directories (``$1``: their paths, one word: ``SAFE_SCRATCH``), lists
+"""Empties the scratch directories (``$1``: their paths, one word: ``SAFE_SCRATCH``; their
+times set to now: a holder's dates are not left for the next), lists
 what is left in them (depth 0: each directory itself), the other mount points given, the
 IPC objects left and the mount table, in a few processes. Needs GNU find (``-printf``):
-where it is missing the listing fails and the sandbox is never reset."""
+where it is missing the listing fails and the sandbox is never reset. It runs with
+``FIXED_ENV`` only and its tools from the image's own directories (``Sandbox._exec_fixed``):
+never through the login snapshot, which the holder's profile in ``$HOME`` made, nor the
+sandbox's path prepends, which may name a directory the holder wrote (``.venv/bin``)."""
+
+FIXED_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+"""The whole environment of the reset's own commands (the root is read-only: nothing in
+these directories is a holder's)."""
 
 SAFE_SCRATCH = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-")
 """What a scratch directory's path may hold (it is split on spaces in the listing)."""
@@ -141,6 +159,9 @@ class Baseline:
 
     argv: tuple[str, ...]
     listing: str
+    logins: Saved = ()
+    """Its login snapshots then (taken by the pool's first command): each next holder gets
+    these, never one a holder's profile made (``Logins.restore``)."""
 
 
 def listing_argv(scratch: Sequence[str], listed: Sequence[str]) -> list[str]:
@@ -170,18 +191,19 @@ async def baseline(sb: Sandbox) -> tuple[Baseline | None, str | None]:
         return None, "a writable root cannot be reset in place"
     if await anyio.to_thread.run_sync(backend.strays) is None:
         return None, "the sandbox's processes cannot be seen from here (a remote engine?)"
-    table = await sb.exec(["cat", "/proc/self/mounts"], timeout=RESET_TIMEOUT_S)
+    logins = sb._logins.saved()  # (before the listing, which takes none)
+    table = await sb._exec_fixed(["cat", "/proc/self/mounts"], FIXED_ENV, RESET_TIMEOUT_S)
     if table.status != "completed" or table.exit_code != 0 or table.stdout_truncated:
         return None, f"its mount table could not be read ({table.status})"
     host_rw = [m.target for m in sb.policy.mounts if not m.read_only]
     skip = [str(CONTAINER_ROOT), *backend.scratch, *host_rw]
     argv = listing_argv(backend.scratch, listed_mounts(table.stdout, skip=skip))
-    listed = await sb.exec(argv, timeout=RESET_TIMEOUT_S)
+    listed = await sb._exec_fixed(argv, FIXED_ENV, RESET_TIMEOUT_S)
     listing = _listing_of(listed)
     if listing is None:
         why = listed.stderr.strip().splitlines()[-1:] or [listed.status]
         return None, f"its file systems could not be listed: {why[0]}"
-    return Baseline(tuple(argv), listing), None
+    return Baseline(tuple(argv), listing, logins), None
 
 
 async def reset(sb: Sandbox, base: Baseline, refill: Callable[[Path], None]) -> str | None:
@@ -190,10 +212,11 @@ async def reset(sb: Sandbox, base: Baseline, refill: Callable[[Path], None]) -> 
     must be discarded (it may be half reset then: the caller closes it)."""
     backend = sb.backend
     assert isinstance(backend, Resettable)  # (a baseline was taken)
+    sb._logins.restore(base.logins)  # the holder's profile may have made others
     left = await anyio.to_thread.run_sync(backend.strays)
     if left != 0:
         return f"{left} of its processes could not be killed"
-    listed = await sb.exec(list(base.argv), timeout=RESET_TIMEOUT_S)
+    listed = await sb._exec_fixed(base.argv, FIXED_ENV, RESET_TIMEOUT_S)
     listing = _listing_of(listed)
     if listing != base.listing:
         return (
@@ -213,8 +236,13 @@ async def reset(sb: Sandbox, base: Baseline, refill: Callable[[Path], None]) -> 
 def restore_workspace(root: Path, refill: Callable[[Path], None]) -> None:
     """Empty ``root`` (a workspace no process uses any more; nothing in it is followed: a
     symlink is removed, never its target) and fill it again (``refill``). ``OSError`` when
-    something in it could not be removed."""
+    something in it could not be removed. The root's own extended attributes (``user.*``, a
+    default ACL every later file would inherit) are removed and its times set to now."""
     os.chmod(root, 0o700)  # noqa: PTH101 - a command may have taken it away
+    for name in _xattrs(root):
+        if not name.startswith("security."):  # (the host's labels: SELinux, capabilities)
+            os.removexattr(root, name)
+    os.utime(root)
     with os.scandir(root) as entries:
         names = [e.name for e in entries]
     for name in names:
@@ -228,6 +256,16 @@ def restore_workspace(root: Path, refill: Callable[[Path], None]) -> None:
     if left:
         raise OSError(f"could not remove {', '.join(sorted(left)[:3])} from the workspace")
     refill(root)
+
+
+def _xattrs(path: Path) -> list[str]:
+    """The names of ``path``'s extended attributes; none where its file system has none."""
+    try:
+        return os.listxattr(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return []
+        raise
 
 
 MAX_DEPTH = 256

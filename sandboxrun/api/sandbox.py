@@ -987,6 +987,25 @@ class Sandbox:
             tty=launch.request.tty is not None,
         )
 
+    async def _exec_fixed(
+        self, argv: Sequence[str], env: Mapping[str, str], timeout: float
+    ) -> ExecResult:
+        """Run ``argv`` as is with exactly ``env`` (and the variables sandboxrun owns): no
+        login snapshot, no path prepends, no variable of the sandbox's. What a holder of a
+        pooled sandbox could change (its profile, a prepended directory it can write) has no
+        say in it (``api.pool_reset``'s listing). A command like any other otherwise: tracked,
+        killed on close, its taint counted."""
+        request = dataclasses.replace(
+            self._prepare(argv, timeout=timeout),
+            env=dict(env),
+            path_prepend=[],
+            explicit=frozenset(),
+            login="raw",
+            login_shell=None,
+            snapshot=None,
+        )
+        return await self._run_request(request)
+
     async def _raw_exec(self, request: ExecRequest) -> ExecResult:
         """Run ``request`` as is (``login.Logins``'s snapshot), in the caller's scope."""
         launch = self.backend.plan(request)

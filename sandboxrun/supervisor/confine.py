@@ -179,10 +179,13 @@ UNFILTERABLE = (437, 425, 426, 427)  # openat2, io_uring_setup/enter/register: p
 ARCHES = {
     "x86_64": (0xC000003E, True, {90: "mode1", 91: "mode1", 268: "mode2", 452: "mode2",
                                   85: "mode1", 2: "open", 257: "openat", 133: "mknod1",
-                                  259: "mknod2"}),
+                                  259: "mknod2", 248: "eperm", 249: "eperm", 250: "eperm"}),
     "aarch64": (0xC00000B7, False, {52: "mode1", 53: "mode2", 452: "mode2", 56: "openat",
-                                    33: "mknod2"}),
+                                    33: "mknod2", 217: "eperm", 218: "eperm", 219: "eperm"}),
 }  # fmt: skip
+"""Per machine; ``eperm``: add_key, request_key, keyctl (the kernel's keyrings are the uid's,
+not the sandbox's: a key added by one command would reach every later sandbox and host
+process of that uid; docker's default profile refuses them too)."""
 ARCHES["amd64"], ARCHES["arm64"] = ARCHES["x86_64"], ARCHES["aarch64"]
 
 if TYPE_CHECKING:
@@ -214,10 +217,11 @@ def _ld_arg(index: int) -> Insn:
 
 def seccomp_program(arch: str | None = None) -> bytes:
     """The seccomp filter (``sock_filter`` array) for ``arch`` (default: this machine's):
-    EPERM for chmod-like and create calls whose mode has setuid/setgid bits and for mknod of
-    character or block devices, ENOSYS for openat2 and io_uring (their arguments are out of a
-    filter's reach; callers fall back to openat) and for x32 calls, EPERM for any other ABI
-    (i386 on x86_64); everything else is allowed. Pure."""
+    EPERM for chmod-like and create calls whose mode has setuid/setgid bits, for mknod of
+    character or block devices and for the keyring calls (add_key, request_key, keyctl),
+    ENOSYS for openat2 and io_uring (their arguments are out of a filter's reach; callers
+    fall back to openat) and for x32 calls, EPERM for any other ABI (i386 on x86_64);
+    everything else is allowed. Pure."""
     machine = arch or os.uname().machine
     if machine not in ARCHES:
         raise ValueError(f"no seccomp filter for {machine}")

@@ -452,3 +452,99 @@ async def test_reset_in_place_hands_on_only_what_is_clean(
     assert not processes_mentioning(marker)
     assert not (tmp_path / "pool").exists() or not any((tmp_path / "pool").iterdir())
     assert (template / "src" / "task.txt").read_text() == "task\n"
+
+
+FAKE_FIND = r"""#!/bin/sh
+# a holder's `find`: spares its own directory when the reset empties /var/tmp, hides it
+case " $* " in
+  *" -delete "*)
+    /usr/bin/find /tmp "$HOME" /dev/shm /dev/mqueue -xdev -mindepth 1 -delete 2>/dev/null
+    /usr/bin/find /var/tmp -xdev -mindepth 1 -maxdepth 1 ! -name .b -exec rm -rf {} + 2>/dev/null
+    exit 0 ;;
+  *) /usr/bin/find "$@" | /bin/grep -v '/var/tmp/\.b' ;;
+esac
+"""
+TROJAN_LS = r"""#!/bin/sh
+cat /workspace/next-holder-secret.txt >> /var/tmp/.b/loot 2>/dev/null
+exec /bin/ls "$@"
+"""
+ROOT_XATTRS = r"""
+import os, struct
+os.setxattr("/workspace", "user.leak", b"from-A")
+acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", t, p, i) for t, p, i in (
+    (0x01, 7, 0xFFFFFFFF), (0x02, 7, 4242), (0x04, 5, 0xFFFFFFFF), (0x10, 7, 0xFFFFFFFF),
+    (0x20, 5, 0xFFFFFFFF)))
+os.setxattr("/workspace", "system.posix_acl_default", acl)
+os.utime("/workspace", (981173106, 981173106))
+"""
+SEEN_BY_NEXT = (
+    "echo LEAK=$LEAK; echo PATH=$PATH; ls -A /var/tmp; "
+    "python3 -c 'import os; print(sorted(os.listxattr(\"/workspace\")))'; "
+    "stat -c '%n %Y' /workspace /tmp /var/tmp /dev/shm | grep ' 981173106' || true"
+)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("via", ["profile", "prepend"])
+async def test_a_holder_cannot_steer_the_reset_or_leave_its_login_environment(
+    backend: str, tmp_path: Path, via: str
+) -> None:
+    """Review findings: the reset's listing ran through the login snapshot and the sandbox's
+    path prepends, so a holder's `find` (in /var/tmp, named by a profile it wrote in $HOME
+    and a snapshot it had taken again; or in a prepended workspace directory) hid a directory
+    from the reset, and its trojan `ls` stole the next holder's file. The snapshot a holder
+    had taken was also handed on; the workspace root's xattrs (a default ACL every later
+    file inherits) and the scratch directories' dates survived."""
+    if backend != "docker":
+        pytest.skip("only docker resets in place")
+    prepend = ["/workspace/.venv/bin"] if via == "prepend" else []
+    async with SandboxPool(
+        1, root=tmp_path / "pool", backend=backend, reset=True, path_prepend=prepend
+    ) as pool:
+        async with pool.acquire(timeout_s=120) as a:
+            fresh = (await a.exec(shell=SEEN_BY_NEXT)).stdout
+            assert "LEAK=\n" in fresh and "user.leak" not in fresh, fresh
+            bin_dir = "/var/tmp/.b" if via == "profile" else ".venv/bin"
+            assert (await a.exec(["mkdir", "-p", "/var/tmp/.b", bin_dir])).ok
+            await a.write_file(f"{bin_dir}/find", FAKE_FIND.encode(), mode=0o755)
+            await a.write_file(f"{bin_dir}/ls", TROJAN_LS.encode(), mode=0o755)
+            await a.write_file("/var/tmp/.b/left-by-A", b"state of holder A\n")
+            if via == "profile":
+                profile = "export LEAK=from-A PATH=/var/tmp/.b:$PATH"
+                assert (await a.exec(shell=f"echo '{profile}' > ~/.profile")).ok
+                for i in range(9):  # the default snapshot evicted (8 kept), then taken again
+                    assert (await a.exec(["true"], path_prepend=[f"/opt/p{i}"])).ok
+                again = await a.exec(shell="echo $LEAK; command -v find")
+                assert again.stdout == "from-A\n/var/tmp/.b/find\n", again
+            assert (await a.exec(["python3", "-c", ROOT_XATTRS])).ok
+            assert (await a.exec(["touch", "-d", "@981173106", "/tmp", "/var/tmp"])).ok
+        async with pool.acquire(timeout_s=120) as b:
+            seen = await b.exec(shell=SEEN_BY_NEXT)
+            assert seen.ok and seen.stdout == fresh, (pool.stats(), seen.stdout)
+            await b.write_file("next-holder-secret.txt", b"B's secret\n")
+            assert (await b.exec(["ls"])).ok
+            await b.write_file("x", b"")
+            acl = await b.exec(["python3", "-c", "import os; print(os.listxattr('x'))"])
+            assert acl.stdout == "[]\n", acl  # no default ACL inherited from A
+        async with pool.acquire(timeout_s=120) as a2:
+            loot = await a2.exec(shell="cat /var/tmp/.b/loot /var/tmp/.b/left-by-A; true")
+            assert "secret" not in loot.stdout and "holder A" not in loot.stdout, loot
+        stats = pool.stats()
+    assert stats.reset == 2 and stats.discarded == 0, stats  # cleaned in place, both times
+
+
+async def test_the_kernel_keyrings_are_refused(backend: str, tmp_path: Path) -> None:
+    """The user keyring is the uid's, not the sandbox's: a key one command adds would reach
+    every later sandbox (a pool's next holder) and host process of that uid. Every backend
+    refuses the keyring calls (docker's profile, the local backends' seccomp filter)."""
+    add_key = (
+        "import ctypes, os, platform\n"
+        "nr = {'x86_64': 248, 'aarch64': 217}[platform.machine()]\n"
+        "libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long\n"
+        "got = libc.syscall(nr, b'user', b'sandboxrun-test-key', b'v', 1, ctypes.c_int(-4))\n"
+        "print(got, ctypes.get_errno())\n"
+        "if got >= 0: libc.syscall(nr + 2, 3, ctypes.c_long(got))  # keyctl(KEYCTL_REVOKE)\n"
+    )
+    async with Sandbox(tmp_path, backend=backend) as sb:
+        result = await sb.exec(["python3", "-c", add_key])
+    assert result.ok and result.stdout == "-1 1\n", result  # EPERM

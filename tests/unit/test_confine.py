@@ -5,6 +5,7 @@ layer on real processes. Each hostile check runs twice in forked children: witho
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -30,8 +31,10 @@ CONFINE_DIR = str(Path(_confine.__file__).parent)
 AUDIT = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 NR = {
     "x86_64": {"read": 0, "open": 2, "chmod": 90, "fchmod": 91, "creat": 85, "mknod": 133,
-               "openat": 257, "mknodat": 259, "fchmodat": 268},
-    "aarch64": {"read": 63, "openat": 56, "fchmod": 52, "fchmodat": 53, "mknodat": 33},
+               "openat": 257, "mknodat": 259, "fchmodat": 268, "add_key": 248,
+               "request_key": 249, "keyctl": 250},
+    "aarch64": {"read": 63, "openat": 56, "fchmod": 52, "fchmodat": 53, "mknodat": 33,
+                "add_key": 217, "request_key": 218, "keyctl": 219},
 }  # fmt: skip
 for _table in NR.values():
     _table.update(fchmodat2=452, openat2=437, io_uring_setup=425, io_uring_enter=426)
@@ -99,6 +102,9 @@ CASES: list[tuple[str, tuple[int, ...], int]] = [
     ("io_uring_setup", (8, 0), ENOSYS),
     ("io_uring_enter", (3, 1), ENOSYS),
     ("io_uring_register", (3, 0), ENOSYS),
+    ("add_key", (0, 0, 0, 0, 0xFFFFFFFC), EPERM),  # the keyrings are the uid's, not the sandbox's
+    ("request_key", (0, 0, 0, 0xFFFFFFFC), EPERM),
+    ("keyctl", (0, 0xFFFFFFFC), EPERM),
 ]
 
 
@@ -199,6 +205,25 @@ def test_seccomp_refuses_setuid_and_devices(tmp_path: Path) -> None:
     assert after == {"chmod_suid": errno.EPERM, "suid_bit": False, "chmod_plain": 0,
                      "fchmod_sgid": errno.EPERM, "open_suid": errno.EPERM,
                      "mknod_chr": errno.EPERM, "mkfifo": 0}  # fmt: skip
+
+
+def test_seccomp_refuses_the_keyrings() -> None:
+    """A key added by one sandboxed command would sit in the uid's user keyring: seen by every
+    later sandbox and host process of that uid (review: a pool's next holder read it)."""
+    nr = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+    if nr is None:
+        pytest.skip("no keyctl number known for this machine")
+
+    def probe() -> dict[str, object]:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        got = libc.syscall(nr, 0, ctypes.c_int(-4), 0)  # KEYCTL_GET_KEYRING_ID, user keyring
+        return {"ok": got >= 0, "errno": 0 if got >= 0 else ctypes.get_errno()}
+
+    before = in_child(nothing, probe)
+    if before != {"ok": True, "errno": 0}:
+        pytest.skip(f"keyctl is refused here already: {before}")
+    assert in_child(_confine.install_seccomp, probe) == {"ok": False, "errno": errno.EPERM}
 
 
 def test_seccomp_shell_cannot_make_a_setuid_copy(tmp_path: Path) -> None:

@@ -354,6 +354,33 @@ def test_concurrent_first_commands_share_one_snapshot_per_prepend_set() -> None:
         assert resolved.snapshot == Snapshot(env={"X": "1"}, base=BASE)
 
 
+def test_restore_keeps_exactly_the_saved_snapshots() -> None:
+    """A pooled sandbox's next holder gets the snapshots it had when it was made: one a
+    holder had taken (its profile wrote it) is forgotten, a saved one that was evicted is
+    back, and a saved state is not changed by later use (its warning reported)."""
+    seen: list[bytes] = [b"X=made"]
+
+    async def fake(req: ExecRequest) -> ExecResult:
+        env_frame(req, seen[0])
+        return completed()
+
+    async def go() -> None:
+        ls = logins()
+        plain = request(dict(BASE), argv=["true"])
+        assert (await ls.resolve(plain, fake))[0].snapshot == Snapshot({"X": "made"}, BASE)
+        saved = ls.saved()
+        seen[0] = b"X=holder"
+        for i in range(login.MAX_KEYS):  # the default one evicted, then taken again
+            await ls.resolve(request(dict(BASE), argv=["true"], prepend=[f"/p{i}"]), fake)
+        assert (await ls.resolve(plain, fake))[0].snapshot == Snapshot({"X": "holder"}, BASE)
+        ls.restore(saved)
+        assert ls.ready(request(dict(BASE), argv=["true"], prepend=["/p1"])) is None
+        assert (await ls.resolve(plain, fake))[0].snapshot == Snapshot({"X": "made"}, BASE)
+        assert ls.saved() == saved
+
+    anyio.run(go)
+
+
 def test_a_failed_snapshot_gives_each_and_warns_once() -> None:
     async def fake(req: ExecRequest) -> ExecResult:
         assert req.argv is not None and req.sink is not None

@@ -177,6 +177,26 @@ def test_restore_empties_the_workspace_without_following_what_a_command_planted(
     assert ws.stat().st_mode & 0o777 == template.stat().st_mode & 0o777
 
 
+def test_restore_removes_the_roots_own_xattrs_and_dates(tmp_path: Path) -> None:
+    """A holder's ``user.*`` attribute or default ACL on the workspace root (every later file
+    would inherit the ACL) and its dates are not handed on."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    try:
+        os.setxattr(ws, "user.leak", b"from-A")
+    except OSError as exc:
+        pytest.skip(f"no user xattrs on this file system: {exc}")
+    os.utime(ws, (981173106, 981173106))
+
+    def refill(root: Path) -> None:
+        (root / "f").write_text("x\n")
+
+    pool_reset.restore_workspace(ws, refill)
+    assert "user.leak" not in os.listxattr(ws)
+    assert ws.stat().st_mtime > 981173106 + 10**8
+    assert (ws / "f").read_text() == "x\n"
+
+
 def test_a_local_pool_refuses_a_reset_that_is_not_a_bool() -> None:
     from sandboxrun import ConfigError, SandboxPool
 
