@@ -159,7 +159,7 @@ class Baseline:
 
     argv: tuple[str, ...]
     listing: str
-    logins: Saved = ()
+    logins: Saved
     """Its login snapshots then (taken by the pool's first command): each next holder gets
     these, never one a holder's profile made (``Logins.restore``)."""
 
