@@ -185,6 +185,20 @@ class Cluster:
                 raise AssertionError(f"nodes {running - alive} did not join: {logs}")
             time.sleep(0.5)
 
+    def wait_gone(self, name: str, timeout: float = 60) -> None:
+        """Until the cluster no longer lists node ``name`` alive (a test placing slots on the
+        nodes alive comes next)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                rows = self.alive_nodes()
+            except (AssertionError, json.JSONDecodeError, IndexError):
+                rows = None  # (a line of Ray's own on stdout: look again)
+            if rows is not None and not any(r["host"] == name and r["alive"] for r in rows):
+                return
+            assert time.monotonic() < deadline, f"node {name} is still listed alive"
+            time.sleep(0.5)
+
     def kill_node(self, name: str) -> None:
         """Every process of the node, at once (a machine lost)."""
         node = self.nodes.pop(name)

@@ -489,6 +489,174 @@ def test_the_reaper_removes_only_this_nodes_dead_owners(
         client.close()
 
 
+def test_a_session_after_its_block_and_malformed_options_cost_no_one_a_slot(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """A session used after its block sends nothing (``InputError``), and if a racing
+    thread sends anyway, the slot refuses the ended session (``spawn_error``) without
+    touching the other caller's command now running there. Malformed options are a
+    ``ConfigError`` on the driver, a session survives them, and a ``str`` stdin is sent as
+    UTF-8."""
+    got = run_driver(
+        cluster,
+        """
+        from sandboxrun import ConfigError, InputError
+        with pool(size=1, policy=MARKS) as p:
+            with p.session() as s:
+                first = res(s.exec("echo in >> /marks/log; echo in"))
+                try:
+                    s.exec(["true"], env=["A"])
+                    in_session = "sent"
+                except ConfigError as exc:
+                    in_session = str(exc)
+                still = res(s.exec("echo still"))
+            other = p.submit("sleep 3; echo other >> /marks/log; echo other")
+            time.sleep(1)
+            try:
+                s.exec("echo late >> /marks/log")
+                late = "sent"
+            except InputError as exc:
+                late = str(exc)
+            s.ended = False  # (what a thread racing the block's end may have seen)
+            stale = res(s.exec("echo stale >> /marks/log"))
+            other = res(other.result())
+            bad = []
+            for kw in ({"env": ["A"]}, {"env": {"A": 1}}, {"stdin": 5},
+                       {"pass_env": "HOME"}, {"path_prepend": [1]}, {"workdir": 3},
+                       {"shell": ["echo"]}):
+                try:
+                    p.submit(["true"], **kw)
+                    bad.append("sent")
+                except ConfigError as exc:
+                    bad.append(str(exc))
+            text = res(p.exec(["cat"], stdin="h\u00e9llo"))
+            st = p.stats()
+        say("done", first=first, in_session=in_session, still=still, late=late, stale=stale,
+            other=other, bad=bad, text=text, lost=st.lost, runs=st.runs)
+        """,
+        args(cluster, marks),
+    )
+    assert got["first"]["stdout"] == "in\n" and got["still"]["stdout"] == "still\n", got
+    assert "env must be a mapping" in got["in_session"], got["in_session"]
+    assert "ended" in got["late"], got["late"]
+    assert got["stale"]["status"] == "spawn_error" and "ended" in got["stale"]["error"], got
+    assert got["other"]["status"] == "completed" and got["other"]["stdout"] == "other\n", got
+    names = ["env", "env", "stdin", "pass_env", "path_prepend", "workdir", "shell"]
+    assert [b.split(" ")[0] for b in got["bad"]] == names, got["bad"]
+    assert got["text"]["stdout"] == "h\u00e9llo", got["text"]
+    assert got["lost"] == 0 and got["runs"] == 2, got
+    assert (marks / "log").read_text() == "in\nother\n"
+
+
+def test_an_actor_lost_just_after_its_command_is_never_handed_out_again(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """The actor dies after its command completed, and the pool sees its loss (the watch)
+    while the command's caller waits for the result: the result is kept, and the slot is
+    given up when the run gives it back, so the next command goes to a live slot."""
+    got = run_driver(
+        cluster,
+        """
+        with pool(size=1) as p:
+            with p._lock:  # (the keeper waits: the events below come in this order)
+                run = p.submit("echo one")
+                ray.wait([run.ref], timeout=60)
+                slot = run.slot
+                ray.kill(slot.actor, no_restart=True)
+                ended, _ = ray.wait([slot.watch_ref], timeout=60)
+                assert ended, "the watch did not end"
+                run.waited = True  # (its caller is in result(): the pool's look leaves it)
+                while slot.watch_ref is not None:
+                    p._pump(0.2)  # the pool sees the watch end
+                seen = slot.state
+                one = res(run.result())  # the caller takes the result in
+                state = slot.state
+            two = res(p.exec("echo two"))
+            st = p.stats()
+        say("done", seen=seen, state=state, one=one, two=two, lost=st.lost)
+        """,
+        args(cluster, marks),
+    )
+    assert got["one"]["status"] == "completed" and got["one"]["stdout"] == "one\n", got
+    assert got["seen"] == "busy" and got["state"] == "lost", got
+    assert got["two"]["status"] == "completed" and got["two"]["stdout"] == "two\n", got
+    assert got["lost"] == 1, got
+
+
+def test_map_past_the_live_slots_waits_for_its_own_commands(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """``max_in_flight`` above the pool's slots: the commands past them wait for the map's
+    own commands to give a slot back, however long those take, instead of failing with
+    ``PoolExhaustedError`` after ``acquire_timeout_s``."""
+    got = run_driver(
+        cluster,
+        """
+        with pool(size=2, acquire_timeout_s=0.5) as p:
+            out = [r.stdout for r in p.map([f"sleep 1.5; echo {i}" for i in range(6)],
+                                           max_in_flight=5)]
+        say("done", out=out)
+        """,
+        args(cluster, marks),
+    )
+    assert got["out"] == [f"{i}\n" for i in range(6)], got
+
+
+def test_a_node_that_joins_after_the_pool_opened_gets_a_reaper(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """A node that joins an open pool's cluster gets a reaper: a container of it whose
+    owner is dead is removed while the pool is open."""
+    client = docker.from_env()
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) - 9  # (no such process)
+    assert not os.path.exists(f"/proc/{dead}")
+    driver = cluster.driver(
+        PREAMBLE
+        + textwrap.dedent(
+            """
+            with pool(per_node=1) as p:
+                say("open")
+                sys.stdin.readline()
+                reapers = sorted(host for host, _ in p._reapers.values())
+            say("done", reapers=reapers)
+            """
+        ),
+        args(cluster, marks),
+    )
+    made = None
+    try:
+        driver.expect("open")
+        created = client.api.create_container(
+            "sandboxrun/base:0.1.0",
+            command=["sleep", "infinity"],
+            labels={
+                "sandboxrun.managed": "true",
+                "sandboxrun.owner_host": "sbr-w3",
+                "sandboxrun.owner_pid": str(dead),
+                "sandboxrun.created": str(int(time.time())),
+            },
+            host_config=client.api.create_host_config(network_mode="none"),
+        )
+        made = created["Id"]
+        cluster.add_node("sbr-w3", 1)
+
+        def gone() -> bool:
+            return made not in {c["Id"] for c in client.api.containers(all=True)}
+
+        assert wait_until(gone, 60), "the joined node's dead owner's container was left"
+        driver.send("go")
+        done = driver.expect("done")
+    finally:
+        driver.kill()
+        cluster.forget("sbr-w3")
+        cluster.wait_gone("sbr-w3")  # (the tests after this one place slots on nodes alive)
+        if made is not None:
+            with suppress(Exception):
+                client.api.remove_container(made, force=True)
+        client.close()
+    assert done["reapers"] == ["sbr-w1", "sbr-w2", "sbr-w3"], done
+
+
 def test_the_cluster_talks_to_loopback_only(cluster: ray_cluster.Cluster) -> None:
     """The namespace has only ``lo``; every node's address is 127.0.0.1; every TCP peer the
     sampler saw over the whole module is a loopback address (runs last in the module)."""
@@ -530,7 +698,8 @@ def test_a_cancel_while_waiting_for_a_sandbox_and_bad_input_cost_no_slot(
     """A command cancelled while its ``fresh`` slot still opens its next sandbox gives that
     sandbox back (the next command runs at once, not after the open timeout); a command the
     slot refuses for what it is (a bad variable name) is ``spawn_error`` and costs no slot;
-    an argument Ray cannot carry is a ``ConfigError`` on the driver and frees the slot."""
+    an option of the wrong type (a generator) is a ``ConfigError`` on the driver and frees the
+    slot."""
     got = run_driver(
         cluster,
         """
@@ -559,5 +728,5 @@ def test_a_cancel_while_waiting_for_a_sandbox_and_bad_input_cost_no_slot(
     assert got["first"]["status"] == "cancelled", got["first"]
     assert got["after"]["stdout"] == "next\n" and got["took"] < 20, got
     assert got["bad"]["status"] == "spawn_error" and "A=B" in got["bad"]["error"], got["bad"]
-    assert "cannot be sent" in got["unsent"], got["unsent"]
+    assert "pass_env must be a list" in got["unsent"], got["unsent"]
     assert got["last"]["stdout"] == "fine\n" and got["lost"] == 0, got

@@ -30,6 +30,7 @@ import anyio.abc
 
 from sandboxrun.api.pool import SandboxPool
 from sandboxrun.api.sandbox import Sandbox
+from sandboxrun.errors import InputError
 from sandboxrun.models import ExecResult
 
 EXEC_OPTIONS = frozenset(
@@ -223,8 +224,9 @@ class Holder:
         self, session: str, argv: list[str] | None, options: dict[str, Any]
     ) -> ExecResult:
         held = self._sessions.get(session)
-        if held is None or held.sandbox is None:
-            raise RuntimeError(f"no session {session!r} in this slot")
+        if held is None or held.sandbox is None:  # (a session used after its end: refused,
+            # nothing of the slot broke; it may serve another caller now)
+            raise InputError(f"no session {session!r} in this slot (it has ended)")
         return await _run(held.sandbox, argv, options)
 
     async def session_end(self, session: str) -> None:

@@ -21,7 +21,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +69,11 @@ class Slot:
     slot just released is still opening its next sandbox)."""
     watch_ref: Any = None
     """``Holder.alive``: ends (with an error) when the slot's actor or node is lost."""
+    dead: str | None = None
+    """Why the slot's actor is gone, seen while a command or session held it: the slot is
+    given up when they give it back, never handed out again."""
+    session: str | None = None
+    """The session holding the slot (``SandboxPool.session``), or None."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,8 @@ class SandboxPool:
         self._slots: list[Slot] = []
         self._runs: dict[Any, RayRun] = {}
         """Refs of commands under way, to the run each belongs to."""
-        self._reapers: dict[str, Any] = {}
+        self._reapers: dict[str, tuple[str, Any]] = {}
+        """node id -> (host, its ``Reaper`` actor): one on every live node offering slots."""
         self._unusable: dict[str, tuple[str, str]] = {}
         """node id -> (host, why)."""
         self._counts = {"started": 0, "lost": 0, "failed_starts": 0, "runs": 0}
@@ -213,8 +219,6 @@ class SandboxPool:
                     "(start nodes with ray start --resources "
                     f"'{{\"{placement.SLOT}\": N}}')"
                 )
-        if self.reaper:
-            self._start_reapers(nodes)
         deadline = time.monotonic() + self.open_timeout_s
         with self._lock:
             self._fill(nodes)
@@ -280,7 +284,7 @@ class SandboxPool:
             slot.state = "closed"
             with contextlib.suppress(Exception):
                 ray.kill(slot.actor, no_restart=True)
-        for host, reaper in list(self._reapers.items()):
+        for host, reaper in list(self._reapers.values()):
             with contextlib.suppress(Exception):
                 swept = ray.get(reaper.sweep.remote(), timeout=STOP_WAIT_S)
                 self.close_errors += [f"{host}: {p}" for p in swept["problems"]]
@@ -310,6 +314,8 @@ class SandboxPool:
             return
         assert self.size is not None
         nodes = self._nodes() if nodes is None else nodes
+        if self.reaper:
+            self._start_reapers(nodes)
         hosts = {n.node_id: n.host for n in nodes}
         while len([s for s in self._slots if s.state not in ("lost", "closed")]) < self.size:
             now = time.monotonic()
@@ -336,28 +342,38 @@ class SandboxPool:
             self._slots.append(slot)
 
     def _start_reapers(self, nodes: list[placement.NodeView]) -> None:
+        """A reaper on every live node offering slots that has none (a node that joined
+        since the last look included); those of nodes gone are dropped (under the lock)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        kind: Any = ray.remote(Reaper)
+        alive = {n.node_id for n in nodes if n.alive}
+        for node_id in [n for n in self._reapers if n not in alive]:
+            _, gone = self._reapers.pop(node_id)
+            with contextlib.suppress(Exception):
+                ray.kill(gone, no_restart=True)
+        kind: Any = None
         for node in nodes:
-            if not node.alive:
+            if not node.alive or node.slots <= 0 or node.node_id in self._reapers:
                 continue
+            kind = kind or ray.remote(Reaper)
             reaper = kind.options(
                 max_restarts=0,
                 max_task_retries=0,
                 num_cpus=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
             ).remote(self.reap_interval_s)
-            self._reapers[node.host] = reaper
+            self._reapers[node.node_id] = (node.host, reaper)
             reaper.start.remote()
             reaper.sweep.remote()
 
     def _sweep(self, node_id: str) -> None:
         """Ask the node's reaper to look now (a lost slot's leftovers)."""
+        if node_id not in self._reapers:
+            return
         for node in self._nodes():
-            if node.node_id == node_id and node.alive and node.host in self._reapers:
-                self._reapers[node.host].sweep.remote()
+            if node.node_id == node_id and node.alive:
+                self._reapers[node_id][1].sweep.remote()
 
     # -- progress --------------------------------------------------------------------------------
     def _pump(self, timeout_s: float) -> None:
@@ -409,20 +425,24 @@ class SandboxPool:
                 self._lose(slot, why, count=False)
 
     def _watch_ended(self, slot: Slot, ref: Any) -> None:
-        """The slot's ``alive`` call ended: it stopped or was lost. A busy slot's loss is
-        its run's to report (``_collect``); an idle one is given up here, before a command
-        is sent to it."""
+        """The slot's ``alive`` call ended: it stopped or was lost. An idle slot is given up
+        here, before a command is sent to it; a busy one's loss is its run's to report
+        (``_collect``), and the slot is given up when the run or session gives it back
+        (``_release``), even if its command had completed just before."""
         import ray
 
         slot.watch_ref = None
-        if self._closed or slot.state != "ready":
+        if self._closed or slot.state not in ("ready", "busy", "session"):
             return
         try:
             ray.get(ref, timeout=10)
             why = f"its actor on {slot.host} stopped"
         except Exception as exc:
             why = self._lost_why(slot, exc)
-        self._lose(slot, why)
+        if slot.state == "ready":
+            self._lose(slot, why)
+        else:
+            slot.dead = why
 
     def _started(self, slot: Slot, ref: Any) -> None:
         import ray
@@ -484,12 +504,8 @@ class SandboxPool:
         deadline = time.monotonic() + wait
         while True:
             with self._lock:
-                if not self._open or self._closed:
-                    raise RuntimeError("the Ray SandboxPool is not open")
-                ready = [s for s in self._slots if s.state == "ready"]
-                if ready:
-                    slot = min(ready, key=lambda s: s.released)
-                    slot.state = state
+                slot = self._take_free(state)
+                if slot is not None:
                     return slot
                 if not self._possible():
                     raise PoolExhaustedError(self._exhausted("no node can take a slot"))
@@ -497,6 +513,18 @@ class SandboxPool:
             if left <= 0:
                 raise PoolExhaustedError(self._exhausted(f"no slot was free within {wait:g}s"))
             self._pump(min(POLL_S * 4, left))
+
+    def _take_free(self, state: State) -> Slot | None:
+        """The slot ready longest, marked ``state``, or None when none is ready (no wait)."""
+        with self._lock:
+            if not self._open or self._closed:
+                raise RuntimeError("the Ray SandboxPool is not open")
+            ready = [s for s in self._slots if s.state == "ready"]
+            if not ready:
+                return None
+            slot = min(ready, key=lambda s: s.released)
+            slot.state = state
+            return slot
 
     def _possible(self) -> bool:
         """A slot exists or could still be started."""
@@ -514,7 +542,12 @@ class SandboxPool:
         )
 
     def _release(self, slot: Slot) -> None:
+        """A command or session gives ``slot`` back: ready again, or given up if its actor
+        was seen gone meanwhile (under the lock)."""
         if slot.state in ("busy", "session"):
+            if slot.dead is not None:
+                self._lose(slot, slot.dead)
+                return
             slot.state = "ready"
             slot.released = time.monotonic()
 
@@ -528,7 +561,10 @@ class SandboxPool:
         args, options = command(argv, options)
         if acquire_timeout_s is not None:
             check_wait(acquire_timeout_s, "acquire_timeout_s", zero=True)
-        slot = self._take(acquire_timeout_s, state="busy")
+        return self._send(self._take(acquire_timeout_s, state="busy"), args, options)
+
+    def _send(self, slot: Slot, args: list[str] | None, options: dict[str, Any]) -> RayRun:
+        """Send a checked command to ``slot`` (taken ``busy``): its ``RayRun``."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the Ray SandboxPool was closed")
@@ -568,8 +604,13 @@ class SandboxPool:
         try:
             while given < len(checked) or runs:
                 while given < len(checked) and len(runs) < limit:
+                    # With runs of its own under way it never waits for a slot (they give
+                    # theirs back as they end): a limit above the live slots is no error.
                     args, opts = checked[given]
-                    runs.append(self.submit(args, **opts))
+                    slot = self._take_free("busy") if runs else self._take(None, state="busy")
+                    if slot is None:
+                        break
+                    runs.append(self._send(slot, args, opts))
                     given += 1
                 if not runs[0].done():
                     self._pump(POLL_S)
@@ -590,6 +631,7 @@ class SandboxPool:
             check_wait(acquire_timeout_s, "acquire_timeout_s", zero=True)
         slot = self._take(acquire_timeout_s, state="session")
         name = uuid.uuid4().hex
+        slot.session = name
         session = RaySession(self, slot, name)
         try:
             try:
@@ -606,6 +648,7 @@ class SandboxPool:
                 raise
             yield session
         finally:
+            session.ended = True  # (from here on its exec sends nothing)
             if session.lost is None:
                 try:
                     ray.get(slot.actor.session_end.remote(name), timeout=STOP_WAIT_S)
@@ -613,7 +656,9 @@ class SandboxPool:
                     with self._lock:
                         self._lose(slot, self._lost_why(slot, exc))
             with self._lock:
-                self._release(slot)
+                if slot.session == name:
+                    slot.session = None
+                    self._release(slot)
                 self._fill()
 
     def stats(self) -> RayPoolStats:
@@ -803,6 +848,8 @@ class RaySession:
         self.name = name
         self.lost: str | None = None
         """Why the session's sandbox is gone (its actor or node lost), or None."""
+        self.ended = False
+        """Its block has ended: the slot may serve another caller, nothing is sent to it."""
 
     @property
     def host(self) -> str:
@@ -813,34 +860,48 @@ class RaySession:
         return self.slot.node_id
 
     def _lost(self, exc: BaseException) -> None:
+        self._give_up(self.pool._lost_why(self.slot, exc))
+
+    def _give_up(self, why: str) -> None:
+        """The session's sandbox is gone: its slot too, if the session still holds it."""
         with self.pool._lock:
-            self.lost = self.pool._lost_why(self.slot, exc)
-            self.pool._lose(self.slot, self.lost)
+            self.lost = why
+            if self.slot.session == self.name and not self.ended:
+                self.pool._lose(self.slot, why)
 
     def exec(self, argv: Command | None = None, **options: Any) -> ExecResult:
         """One command in the session's sandbox; once the session is lost, ``sandbox_error``
-        (nothing runs anywhere else)."""
+        (nothing runs anywhere else). After the session's block: ``InputError``, nothing
+        sent (its slot may serve another caller by then)."""
         import ray
 
+        if self.ended:
+            raise InputError(
+                "this Ray session has ended (its block is over and its slot may serve another "
+                "caller): use a session only inside `with pool.session() as s:`"
+            )
         args, options = command(argv, options)
-        began = time.monotonic()
         run = RayRun(self.pool, self.slot, None, args, options)
-        run.began = began
+        if self.lost is None and self.slot.dead is not None:
+            self._give_up(self.slot.dead)
         if self.lost is None:
             try:
                 got = ray.get(self.slot.actor.session_exec.remote(self.name, args, options))
-                if isinstance(got, ExecResult):
-                    return got
-                raise TypeError(f"a slot returned {type(got).__name__}, not an ExecResult")
             except ray.exceptions.RayActorError as exc:
                 self._lost(exc)
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if isinstance(exc.cause, BaseException) else exc
                 if refused(cause):
                     return run._made("spawn_error", first_line(cause))
-                with self.pool._lock:
-                    self.lost = f"its slot on {self.host} failed: {first_line(cause)}"
-                    self.pool._lose(self.slot, self.lost)
+                self._give_up(f"its slot on {self.host} failed: {first_line(cause)}")
+            except Exception as exc:  # the result or its owner lost: the slot is not trusted
+                self._give_up(f"its result was lost on {self.host}: {first_line(exc)}")
+            else:
+                if isinstance(got, ExecResult):
+                    return got
+                self._give_up(
+                    f"its slot on {self.host} returned {type(got).__name__}, not an ExecResult"
+                )
         return run._made(
             "sandbox_error", f"the session's sandbox is lost: {self.lost}; it is not moved"
         )
@@ -856,10 +917,7 @@ def command(
             f"a Ray pool's exec takes no {', '.join(sorted(unknown))} (a callable cannot "
             "cross to the node; these are taken: " + ", ".join(sorted(EXEC_OPTIONS)) + ")"
         )
-    for name in ("timeout", "idle_timeout"):
-        if options.get(name) is not None:
-            check_wait(options[name], name, zero=False)
-    options = dict(options)
+    options = checked_options(options)
     if isinstance(argv, str):
         if "shell" in options:
             raise ConfigError("give a command as a string or as shell=, not both")
@@ -873,6 +931,41 @@ def command(
     if not args or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"an argv is a non-empty list of strings, got {argv!r}")
     return args, options
+
+
+def checked_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each one's type checked on the driver (``ConfigError`` naming it):
+    a malformed one would otherwise fail on the node and cost the slot, or a session. A
+    ``str`` stdin is sent as its UTF-8 bytes."""
+    out = dict(options)
+    for name in ("timeout", "idle_timeout"):
+        if out.get(name) is not None:
+            check_wait(out[name], name, zero=False)
+    for name in ("shell", "workdir"):
+        if name in out and out[name] is not None and not isinstance(out[name], str):
+            raise ConfigError(f"{name} must be a string, got {type(out[name]).__name__}")
+    env = out.get("env")
+    if env is not None:
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ConfigError(f"env must be a mapping of strings to strings, got {env!r:.200}")
+        out["env"] = dict(env)
+    for name in ("pass_env", "path_prepend"):
+        value = out.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name} must be a list of strings, got {value!r:.200}")
+        out[name] = list(value)
+    stdin = out.get("stdin")
+    if isinstance(stdin, str):
+        out["stdin"] = stdin.encode()
+    elif isinstance(stdin, (bytearray, memoryview)):
+        out["stdin"] = bytes(stdin)
+    elif stdin is not None and not isinstance(stdin, bytes):
+        raise ConfigError(f"stdin must be bytes or a string, got {type(stdin).__name__}")
+    return out
 
 
 def driver_checkable(options: dict[str, Any]) -> dict[str, Any]:
