@@ -417,10 +417,14 @@ def test_a_session_is_sticky_and_its_loss_is_reported_never_moved(
                     b = res(s.exec("cat /tmp/state; echo 2 >> /marks/log"))
                     say("kill", pid=s.slot.pid, host=s.host)
                     sys.stdin.readline()
+                    deadline = time.monotonic() + 30
+                    while p.stats().lost < 1 and time.monotonic() < deadline:
+                        time.sleep(0.1)  # (the pool sees the loss, no command needed)
+                    seen = p.stats().__dict__
                     c = res(s.exec("echo 3 >> /marks/log"))
                     d = res(s.exec("echo 4 >> /marks/log"))
                     lost = s.lost
-                say("done", a=a, b=b, c=c, d=d, lost=lost, stats=p.stats().__dict__)
+                say("done", a=a, b=b, c=c, d=d, lost=lost, seen=seen)
             """
         ),
         args(cluster, marks),
@@ -437,6 +441,8 @@ def test_a_session_is_sticky_and_its_loss_is_reported_never_moved(
     assert done["c"]["status"] == "sandbox_error" and done["d"]["status"] == "sandbox_error"
     assert "not moved" in done["d"]["error"] and f"pid {kill['pid']}" in done["lost"], done
     assert (marks / "log").read_text() == "1\n2\n"
+    seen = done["seen"]  # (replaced while the session still ran, not at its end)
+    assert seen["lost"] == 1 and seen["ready"] + seen["starting"] == 2, seen
 
 
 def test_the_reaper_removes_only_this_nodes_dead_owners(
@@ -548,12 +554,66 @@ def test_a_session_after_its_block_and_malformed_options_cost_no_one_a_slot(
     assert (marks / "log").read_text() == "in\nother\n"
 
 
+def test_a_session_failing_as_its_block_ends_still_gives_back_a_clean_slot(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """A thread's command in the session fails just as the block ends (here: at the moment
+    ``ended`` is set): the block's end still ends the session on the slot, so the next
+    command there runs at once instead of waiting for the session's sandbox to come back
+    (``open_timeout_s``) and failing."""
+    got = run_driver(
+        cluster,
+        """
+        import sandboxrun.integrations.ray.pool as P
+
+        class Racing(P.RaySession):
+            def __setattr__(self, name, value):
+                super().__setattr__(name, value)
+                if name == "ended" and value:
+                    self._give_up("a racing thread's command failed")
+
+        P.RaySession = Racing
+        with pool(size=1, open_timeout_s=10) as p:
+            with p.session() as s:
+                s.exec("true")
+            t = time.monotonic()
+            after = res(p.exec("echo next"))
+            took = time.monotonic() - t
+            st = p.stats()
+        say("done", after=after, took=took, lost=st.lost, session_lost=s.lost)
+        """,
+        args(cluster, marks),
+    )
+    assert got["after"]["stdout"] == "next\n" and got["took"] < 5, got
+    assert got["lost"] == 0 and got["session_lost"] is None, got
+
+
+def test_a_refused_command_keeps_a_shared_sandbox(
+    cluster: ray_cluster.Cluster, marks: Path
+) -> None:
+    """In a pool whose commands share their slot's sandbox (``fresh=False``), a command the
+    slot refuses for what it is (a bad variable name) leaves that sandbox and its files."""
+    got = run_driver(
+        cluster,
+        """
+        with pool(size=1, fresh=False) as p:
+            first = res(p.exec("echo kept > /tmp/f"))
+            bad = res(p.exec(["true"], env={"A=B": "x"}))
+            after = res(p.exec("cat /tmp/f"))
+        say("done", first=first, bad=bad, after=after)
+        """,
+        args(cluster, marks),
+    )
+    assert got["bad"]["status"] == "spawn_error", got["bad"]
+    assert got["after"]["stdout"] == "kept\n", got
+
+
 def test_an_actor_lost_just_after_its_command_is_never_handed_out_again(
     cluster: ray_cluster.Cluster, marks: Path
 ) -> None:
     """The actor dies after its command completed, and the pool sees its loss (the watch)
-    while the command's caller waits for the result: the result is kept, and the slot is
-    given up when the run gives it back, so the next command goes to a live slot."""
+    while the command's caller waits for the result: the slot is given up at once and the
+    result kept, so the next command goes to a live slot."""
     got = run_driver(
         cluster,
         """
@@ -578,7 +638,7 @@ def test_an_actor_lost_just_after_its_command_is_never_handed_out_again(
         args(cluster, marks),
     )
     assert got["one"]["status"] == "completed" and got["one"]["stdout"] == "one\n", got
-    assert got["seen"] == "busy" and got["state"] == "lost", got
+    assert got["seen"] == "lost" and got["state"] == "lost", got
     assert got["two"]["status"] == "completed" and got["two"]["stdout"] == "two\n", got
     assert got["lost"] == 1, got
 

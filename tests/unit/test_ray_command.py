@@ -28,6 +28,7 @@ from sandboxrun.integrations.ray.pool import checked_options, command
         ({"path_prepend": "/opt/bin"}, "path_prepend must be a list"),
         ({"workdir": 3}, "workdir must be a string"),
         ({"shell": ["echo"]}, "shell must be a string"),
+        ({"stdin": "\udc80"}, "stdin is a string that is not valid Unicode"),
         ({"timeout": "5"}, "timeout must be a number"),
         ({"timeout": 0}, "timeout must be a number"),
         ({"idle_timeout": float("nan")}, "idle_timeout must be a number"),
@@ -66,3 +67,9 @@ def test_well_formed_options_are_sent_in_plain_types() -> None:
     assert type(sent["env"]) is dict
     assert checked_options({"stdin": bytearray(b"x")}) == {"stdin": b"x"}
     assert checked_options({"stdin": None, "env": None}) == {"stdin": None, "env": None}
+
+
+def test_none_is_an_option_not_given() -> None:
+    assert command(["true"], {"pass_env": None, "path_prepend": None}) == (["true"], {})
+    with pytest.raises(ConfigError, match="give a command"):
+        command(None, {"shell": None})

@@ -203,6 +203,8 @@ class Holder:
         sb = await self._hold_shared()
         try:
             result = await _run(sb, argv, options)
+        except (TypeError, ValueError, InputError):
+            raise  # refused for what it is, before anything ran: the sandbox is intact
         except BaseException:
             self._drop_shared()  # (a cancelled run: its result is the driver's to make)
             raise

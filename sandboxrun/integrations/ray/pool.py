@@ -70,8 +70,7 @@ class Slot:
     watch_ref: Any = None
     """``Holder.alive``: ends (with an error) when the slot's actor or node is lost."""
     dead: str | None = None
-    """Why the slot's actor is gone, seen while a command or session held it: the slot is
-    given up when they give it back, never handed out again."""
+    """Why the slot's actor is gone, as its watch saw (the slot is then lost)."""
     session: str | None = None
     """The session holding the slot (``SandboxPool.session``), or None."""
 
@@ -284,10 +283,21 @@ class SandboxPool:
             slot.state = "closed"
             with contextlib.suppress(Exception):
                 ray.kill(slot.actor, no_restart=True)
-        for host, reaper in list(self._reapers.values()):
+        sweeps: dict[Any, str] = {}
+        for host, reaper in list(self._reapers.values()):  # (all at once: one wait in all)
             with contextlib.suppress(Exception):
-                swept = ray.get(reaper.sweep.remote(), timeout=STOP_WAIT_S)
-                self.close_errors += [f"{host}: {p}" for p in swept["problems"]]
+                sweeps[reaper.sweep.remote()] = host
+        with contextlib.suppress(Exception):
+            swept, late = ray.wait(list(sweeps), num_returns=len(sweeps), timeout=STOP_WAIT_S)
+            for ref in late:
+                self.close_errors.append(
+                    f"{sweeps[ref]}: the reaper's last sweep did not end within {STOP_WAIT_S:g}s"
+                )
+            for ref in swept:
+                with contextlib.suppress(Exception):  # (a reaper lost with its node)
+                    problems = ray.get(ref)["problems"]
+                    self.close_errors += [f"{sweeps[ref]}: {p}" for p in problems]
+        for _, reaper in list(self._reapers.values()):
             with contextlib.suppress(Exception):
                 ray.kill(reaper, no_restart=True)
         self._reapers.clear()
@@ -425,10 +435,10 @@ class SandboxPool:
                 self._lose(slot, why, count=False)
 
     def _watch_ended(self, slot: Slot, ref: Any) -> None:
-        """The slot's ``alive`` call ended: it stopped or was lost. An idle slot is given up
-        here, before a command is sent to it; a busy one's loss is its run's to report
-        (``_collect``), and the slot is given up when the run or session gives it back
-        (``_release``), even if its command had completed just before."""
+        """The slot's ``alive`` call ended: it stopped or was lost. The slot is given up at
+        once, whatever holds it, and replaced: an idle one before a command is sent to it,
+        a busy one even if its command completed just before (the run reports what became
+        of its command, ``_collect``; a session's next command sends nothing)."""
         import ray
 
         slot.watch_ref = None
@@ -439,10 +449,8 @@ class SandboxPool:
             why = f"its actor on {slot.host} stopped"
         except Exception as exc:
             why = self._lost_why(slot, exc)
-        if slot.state == "ready":
-            self._lose(slot, why)
-        else:
-            slot.dead = why
+        slot.dead = why
+        self._lose(slot, why)
 
     def _started(self, slot: Slot, ref: Any) -> None:
         import ray
@@ -492,7 +500,12 @@ class SandboxPool:
             self._sweep(slot.node_id)
 
     def _lost_why(self, slot: Slot, exc: BaseException) -> str:
-        node_alive = any(n.node_id == slot.node_id and n.alive for n in self._nodes())
+        """Why ``slot`` is gone, naming its node or actor (never raises: it is called where
+        a result or a release must follow)."""
+        try:
+            node_alive = any(n.node_id == slot.node_id and n.alive for n in self._nodes())
+        except Exception:  # (the control plane failing too: say the actor's loss)
+            node_alive = True
         pid = f" (pid {slot.pid})" if slot.pid else ""
         if not node_alive:
             return f"its sandbox's node {slot.host} ({slot.node_id[:12]}) was lost"
@@ -542,12 +555,8 @@ class SandboxPool:
         )
 
     def _release(self, slot: Slot) -> None:
-        """A command or session gives ``slot`` back: ready again, or given up if its actor
-        was seen gone meanwhile (under the lock)."""
+        """A command or session gives ``slot`` back: ready again (a lost one stays lost)."""
         if slot.state in ("busy", "session"):
-            if slot.dead is not None:
-                self._lose(slot, slot.dead)
-                return
             slot.state = "ready"
             slot.released = time.monotonic()
 
@@ -561,13 +570,19 @@ class SandboxPool:
         args, options = command(argv, options)
         if acquire_timeout_s is not None:
             check_wait(acquire_timeout_s, "acquire_timeout_s", zero=True)
-        return self._send(self._take(acquire_timeout_s, state="busy"), args, options)
+        while True:
+            run = self._send(self._take(acquire_timeout_s, state="busy"), args, options)
+            if run is not None:
+                return run
 
-    def _send(self, slot: Slot, args: list[str] | None, options: dict[str, Any]) -> RayRun:
-        """Send a checked command to ``slot`` (taken ``busy``): its ``RayRun``."""
+    def _send(self, slot: Slot, args: list[str] | None, options: dict[str, Any]) -> RayRun | None:
+        """Send a checked command to ``slot`` (taken ``busy``): its ``RayRun``; None, and
+        nothing sent, if the slot was lost since it was taken (take another)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the Ray SandboxPool was closed")
+            if slot.state != "busy":
+                return None
             try:
                 ref = slot.actor.exec.remote(args, options)
             except Exception as exc:  # (nothing was sent: an argument Ray cannot carry)
@@ -610,8 +625,10 @@ class SandboxPool:
                     slot = self._take_free("busy") if runs else self._take(None, state="busy")
                     if slot is None:
                         break
-                    runs.append(self._send(slot, args, opts))
-                    given += 1
+                    run = self._send(slot, args, opts)
+                    if run is not None:
+                        runs.append(run)
+                        given += 1
                 if not runs[0].done():
                     self._pump(POLL_S)
                     continue
@@ -648,8 +665,10 @@ class SandboxPool:
                 raise
             yield session
         finally:
-            session.ended = True  # (from here on its exec sends nothing)
-            if session.lost is None:
+            with self._lock:  # (from here on its exec sends nothing, nor gives up the slot)
+                session.ended = True
+                lost = session.lost
+            if lost is None and slot.state == "session":
                 try:
                     ray.get(slot.actor.session_end.remote(name), timeout=STOP_WAIT_S)
                 except Exception as exc:
@@ -859,15 +878,19 @@ class RaySession:
     def node_id(self) -> str:
         return self.slot.node_id
 
-    def _lost(self, exc: BaseException) -> None:
-        self._give_up(self.pool._lost_why(self.slot, exc))
+    def _lost(self, exc: BaseException) -> str:
+        return self._give_up(self.pool._lost_why(self.slot, exc))
 
-    def _give_up(self, why: str) -> None:
-        """The session's sandbox is gone: its slot too, if the session still holds it."""
+    def _give_up(self, why: str) -> str:
+        """The session's sandbox is gone: its slot too, while the session holds it (after
+        its block the block's end decided). ``why``, to say."""
         with self.pool._lock:
+            if self.ended:
+                return why
             self.lost = why
-            if self.slot.session == self.name and not self.ended:
+            if self.slot.session == self.name:
                 self.pool._lose(self.slot, why)
+        return why
 
     def exec(self, argv: Command | None = None, **options: Any) -> ExecResult:
         """One command in the session's sandbox; once the session is lost, ``sandbox_error``
@@ -882,29 +905,28 @@ class RaySession:
             )
         args, options = command(argv, options)
         run = RayRun(self.pool, self.slot, None, args, options)
-        if self.lost is None and self.slot.dead is not None:
-            self._give_up(self.slot.dead)
-        if self.lost is None:
+        lost = self.lost
+        if lost is None and self.slot.dead is not None:
+            lost = self._give_up(self.slot.dead)
+        if lost is None:
             try:
                 got = ray.get(self.slot.actor.session_exec.remote(self.name, args, options))
             except ray.exceptions.RayActorError as exc:
-                self._lost(exc)
+                lost = self._lost(exc)
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if isinstance(exc.cause, BaseException) else exc
                 if refused(cause):
                     return run._made("spawn_error", first_line(cause))
-                self._give_up(f"its slot on {self.host} failed: {first_line(cause)}")
+                lost = self._give_up(f"its slot on {self.host} failed: {first_line(cause)}")
             except Exception as exc:  # the result or its owner lost: the slot is not trusted
-                self._give_up(f"its result was lost on {self.host}: {first_line(exc)}")
+                lost = self._give_up(f"its result was lost on {self.host}: {first_line(exc)}")
             else:
                 if isinstance(got, ExecResult):
                     return got
-                self._give_up(
+                lost = self._give_up(
                     f"its slot on {self.host} returned {type(got).__name__}, not an ExecResult"
                 )
-        return run._made(
-            "sandbox_error", f"the session's sandbox is lost: {self.lost}; it is not moved"
-        )
+        return run._made("sandbox_error", f"the session's sandbox is lost: {lost}; it is not moved")
 
 
 def command(
@@ -924,7 +946,7 @@ def command(
         options["shell"] = argv
         return None, options
     if argv is None:
-        if "shell" not in options:
+        if options.get("shell") is None:
             raise ConfigError("give a command: an argv, a shell script, or shell=")
         return None, options
     args = list(argv)
@@ -953,14 +975,18 @@ def checked_options(options: dict[str, Any]) -> dict[str, Any]:
         out["env"] = dict(env)
     for name in ("pass_env", "path_prepend"):
         value = out.get(name)
-        if value is None:
+        if value is None:  # (as not given: the node's default, none)
+            out.pop(name, None)
             continue
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{name} must be a list of strings, got {value!r:.200}")
         out[name] = list(value)
     stdin = out.get("stdin")
     if isinstance(stdin, str):
-        out["stdin"] = stdin.encode()
+        try:
+            out["stdin"] = stdin.encode()
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"stdin is a string that is not valid Unicode: {exc}") from exc
     elif isinstance(stdin, (bytearray, memoryview)):
         out["stdin"] = bytes(stdin)
     elif stdin is not None and not isinstance(stdin, bytes):
