@@ -73,3 +73,4 @@ def test_none_is_an_option_not_given() -> None:
     assert command(["true"], {"pass_env": None, "path_prepend": None}) == (["true"], {})
     with pytest.raises(ConfigError, match="give a command"):
         command(None, {"shell": None})
+    assert command("echo hi", {"shell": None}) == (None, {"shell": "echo hi"})

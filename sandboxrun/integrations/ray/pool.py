@@ -646,13 +646,18 @@ class SandboxPool:
 
         if acquire_timeout_s is not None:
             check_wait(acquire_timeout_s, "acquire_timeout_s", zero=True)
-        slot = self._take(acquire_timeout_s, state="session")
         name = uuid.uuid4().hex
-        slot.session = name
+        while True:  # (a slot lost between its take and the begin: take another)
+            slot = self._take(acquire_timeout_s, state="session")
+            with self._lock:
+                if slot.state == "session":
+                    slot.session = name
+                    begun = slot.actor.session_begin.remote(name)
+                    break
         session = RaySession(self, slot, name)
         try:
             try:
-                ray.get(slot.actor.session_begin.remote(name), timeout=self.open_timeout_s)
+                ray.get(begun, timeout=self.open_timeout_s)
             except ray.exceptions.RayActorError as exc:
                 session._lost(exc)
             except BaseException as exc:  # not begun (or begun late): the slot is not trusted
@@ -667,6 +672,8 @@ class SandboxPool:
         finally:
             with self._lock:  # (from here on its exec sends nothing, nor gives up the slot)
                 session.ended = True
+                if session.lost is None and slot.dead is not None:
+                    session.lost = slot.dead  # (lost with no command after: still said)
                 lost = session.lost
             if lost is None and slot.state == "session":
                 try:
@@ -826,7 +833,7 @@ class RayRun:
             self._result = self._made("sandbox_error", why)
             pool._lose(slot, why)
         except ray.exceptions.RayActorError as exc:
-            why = pool._lost_why(slot, exc)
+            why = slot.dead or pool._lost_why(slot, exc)  # (the watch saw it first: its why)
             self._result = self._made("sandbox_error", f"{why}; the command was not run again")
             pool._lose(slot, why)
         except ray.exceptions.RayTaskError as exc:  # the slot refused the command
@@ -941,7 +948,7 @@ def command(
         )
     options = checked_options(options)
     if isinstance(argv, str):
-        if "shell" in options:
+        if options.get("shell") is not None:
             raise ConfigError("give a command as a string or as shell=, not both")
         options["shell"] = argv
         return None, options
